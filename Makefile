@@ -1,0 +1,45 @@
+# bevy-gguf: `make demo` and `make test` each set everything up on a fresh machine.
+#   make build   venv (.venv/), pinned llama.cpp source, stock + patched libllama, libbevy
+#   make demo    build, generate the default model, run it with --parallel 8
+#   make test    build, then the test suite
+# Knobs: JOBS=2 (compile jobs), CUDA=1 (ggml with CUDA), PYTHON=python3.
+
+PYTHON ?= python3
+JOBS ?= 2
+CUDA ?= 0
+VENV := .venv
+BIN := $(abspath $(VENV)/bin)
+DEFAULT_MODEL := build/models/default.gguf
+export PATH := $(BIN):$(PATH)
+
+.PHONY: venv build demo test lint clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml LLAMA_CPP_PIN scripts/fetch_llama.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q cmake ninja
+	CMAKE_ARGS="-DLLAMA_BUILD=OFF" $(BIN)/python -m pip install -q "$$($(BIN)/python scripts/fetch_llama.py --sdist-only)"
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+build: venv
+	$(BIN)/python scripts/fetch_llama.py
+	$(BIN)/cmake -S . -B build/cmake -G Ninja -DCMAKE_BUILD_TYPE=Release \
+		-DBEVY_JOBS=$(JOBS) -DBEVY_CUDA=$(if $(filter 1,$(CUDA)),ON,OFF) --log-level=WARNING
+	$(BIN)/cmake --build build/cmake -j $(JOBS)
+
+demo: build
+	$(BIN)/bevy-gguf make-model $(DEFAULT_MODEL)
+	$(BIN)/bevy-gguf run $(DEFAULT_MODEL) --engine stock --parallel 8 --workload text --requests 8
+	$(BIN)/bevy-gguf trace $(DEFAULT_MODEL) --workload text
+
+test: build
+	$(BIN)/python -m pytest -q tests
+
+lint: venv
+	$(BIN)/ruff check bevy_gguf tests scripts
+
+clean:
+	rm -rf build $(VENV)

@@ -1,0 +1,140 @@
+"""The `bevy-gguf` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bevy_gguf.errors import BevyError
+from bevy_gguf.models.spec import ARCHS, DTYPES, ModelSpec
+
+DEFAULT = ModelSpec()
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors in one line, naming the fix (no usage dump)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def positive(name: str):  # noqa: ANN201 - an argparse type
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {n}")
+        return n
+    return parse
+
+
+def cmd_make_model(args: argparse.Namespace) -> int:
+    from bevy_gguf.gguf_info import inspect_model
+    from bevy_gguf.models import make_model
+
+    spec = ModelSpec(arch=args.arch, layers=args.layers, experts=args.experts, top_k=args.top_k,
+                     embd=args.embd, ff=args.ff, dtype=args.dtype, seed=args.seed)
+    out = make_model(spec, Path(args.out), progress=sys.stderr.isatty())
+    info = inspect_model(out)
+    print(f"{out}: {spec.key}, {info.file_bytes / 1e6:.1f} MB, routed experts {info.expert_bytes / 1e6:.1f} MB")
+    return 0
+
+
+def _requests_maker(args: argparse.Namespace):  # noqa: ANN202
+    from bevy_gguf.prompts import gather_prompts, generation_requests, workload_requests
+
+    if args.workload:
+        n = args.requests or 8
+        return lambda model: workload_requests(model, n, args.prompt_tokens, args.max_tokens - 1, forced=False)
+    prompts = gather_prompts(args.prompt, Path(args.prompts) if args.prompts else None)
+    if not prompts:
+        raise BevyError("no prompts: give -p TEXT, --prompts FILE, --workload text, or pipe prompts on stdin")
+    return lambda model: generation_requests(model, prompts, args.max_tokens)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from bevy_gguf.generate import run_stock
+
+    make_requests = _requests_maker(args)
+    result = run_stock(Path(args.model), make_requests, args.parallel, args.threads)
+    if args.json:
+        print(json.dumps(result.to_json(), ensure_ascii=False))
+        return 0
+    for i, (req, text) in enumerate(zip(result.requests, result.texts)):
+        print(f"--- request {i} ({len(req.prompt_tokens)} prompt tokens, {len(req.tokens)} generated)")
+        print(f"{req.prompt}\u2192{text}")
+    s = result.stats
+    print(f"engine {result.engine}, parallel {result.n_parallel}: {s.decode_tokens} decode tokens in "
+          f"{s.decode_s:.3f} s = {s.tok_per_s:.1f} tok/s; prefill {s.prefill_tokens} tokens in {s.prefill_s:.3f} s")
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from bevy_gguf.tracecmd import run_trace
+
+    return run_trace(Path(args.model), n_requests=args.requests, prompt_tokens=args.prompt_tokens,
+                     steps=args.steps, n_threads=args.threads, as_json=args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(prog="bevy-gguf", description="Serve concurrent requests on MoE GGUF models "
+                                 "whose experts do not fit in fast memory.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    mm = sub.add_parser("make-model", help="generate a MoE GGUF with realistic routing (cached by parameters)")
+    mm.add_argument("out", metavar="OUT.gguf")
+    mm.add_argument("--arch", choices=ARCHS, default=DEFAULT.arch)
+    mm.add_argument("--layers", type=int, default=DEFAULT.layers)
+    mm.add_argument("--experts", type=int, default=DEFAULT.experts)
+    mm.add_argument("--top-k", type=int, default=DEFAULT.top_k)
+    mm.add_argument("--embd", type=int, default=DEFAULT.embd)
+    mm.add_argument("--ff", type=int, default=DEFAULT.ff)
+    mm.add_argument("--dtype", choices=DTYPES, default=DEFAULT.dtype)
+    mm.add_argument("--seed", type=int, default=DEFAULT.seed)
+    mm.set_defaults(func=cmd_make_model)
+
+    run = sub.add_parser("run", help="decode prompts concurrently and print the texts")
+    run.add_argument("model", metavar="MODEL.gguf")
+    run.add_argument("-p", "--prompt", action="append", help="a prompt (repeatable)")
+    run.add_argument("--prompts", metavar="FILE", help="a UTF-8 file, one prompt per line")
+    run.add_argument("--workload", choices=["text"], help="take prompts from the text workload")
+    run.add_argument("--requests", type=positive("--requests"), help="requests of --workload (default 8)")
+    run.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=16)
+    run.add_argument("--engine", choices=["stock"], default="stock",
+                     help="stock: unpatched llama.cpp, one context, --parallel sequences per batch")
+    run.add_argument("--parallel", type=positive("--parallel"), default=8, help="sequences decoded at once")
+    run.add_argument("-n", "--max-tokens", type=positive("--max-tokens"), default=48)
+    run.add_argument("--threads", type=positive("--threads"), default=2)
+    run.add_argument("--json", action="store_true", help="print the §3 JSON document")
+    run.set_defaults(func=cmd_run)
+
+    tr = sub.add_parser("trace", help="record routing on the text workload and print its statistics")
+    tr.add_argument("model", metavar="MODEL.gguf")
+    tr.add_argument("--workload", choices=["text"], default="text")
+    tr.add_argument("--requests", type=positive("--requests"), default=8)
+    tr.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=16)
+    tr.add_argument("--steps", type=positive("--steps"), default=64)
+    tr.add_argument("--threads", type=positive("--threads"), default=2)
+    tr.add_argument("--json", action="store_true")
+    tr.set_defaults(func=cmd_trace)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BevyError as e:
+        print(f"bevy-gguf: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bevy-gguf: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

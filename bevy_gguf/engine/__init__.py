@@ -1,0 +1,1 @@
+"""Requests and the runners that decode them."""

@@ -1,0 +1,132 @@
+"""The batched runner: one llama context, all running sequences decoded together each step.
+
+This is what llama-server does with `--parallel N` (and what `--engine stock` means, §3):
+up to N requests run at once, each on its own sequence id; a step first prefills the prompts of
+newly admitted requests in one batch, then decodes one token of every running request in one
+batch. With N = 1 the prompts are decoded one at a time. The schedule depends only on the
+requests, so every engine that uses this runner sees the same batches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bevy_gguf.engine.request import Request
+from bevy_gguf.llm import Context, ContextParams, Model
+
+
+@dataclass(slots=True)
+class BatchCall:
+    """One llama_decode: which request each batch row belongs to, and whether it was prefill."""
+
+    prefill: bool
+    rows: list[int]  # index into the request list, per batch row
+
+
+@dataclass(slots=True)
+class RunStats:
+    decode_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+    calls: list[BatchCall] = field(default_factory=list)
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+def greedy(logits: np.ndarray) -> tuple[int, float]:
+    """(argmax, top-1 minus top-2 logit)."""
+    top2 = np.argpartition(logits, -2)[-2:]
+    a, b = sorted(top2, key=lambda i: (-logits[i], i))
+    return int(a), float(logits[a] - logits[b])
+
+
+def context_params(requests: list[Request], n_parallel: int, n_threads: int) -> ContextParams:
+    """A context that fits any n_parallel of the requests at once."""
+    longest = max(len(r.prompt_tokens) + r.n_steps + 1 for r in requests)
+    prompts = sorted((len(r.prompt_tokens) for r in requests), reverse=True)
+    n_batch = max(sum(prompts[:n_parallel]), n_parallel, 32)
+    return ContextParams(n_ctx=n_parallel * longest, n_batch=n_batch, n_seq_max=n_parallel, n_threads=n_threads)
+
+
+class BatchedRunner:
+    """Decodes requests on one context, n_parallel at a time."""
+
+    def __init__(self, model: Model, n_parallel: int, n_threads: int = 2,
+                 on_context: Callable[[Context], None] | None = None) -> None:
+        self.model = model
+        self.n_parallel = n_parallel
+        self.n_threads = n_threads
+        self.on_context = on_context  # e.g. installs a MoE hook on the new context
+
+    def run(self, requests: list[Request]) -> RunStats:
+        stats = RunStats()
+        if not requests:
+            return stats
+        params = context_params(requests, self.n_parallel, self.n_threads)
+        with Context(self.model, params) as ctx:
+            if self.on_context:
+                self.on_context(ctx)
+            self._loop(ctx, requests, stats)
+        return stats
+
+    def _loop(self, ctx: Context, requests: list[Request], stats: RunStats) -> None:
+        pending = deque(range(len(requests)))
+        running: list[int] = []
+        free = list(range(self.n_parallel))
+        t0 = time.perf_counter()
+        while pending or running:
+            admitted = []
+            while pending and free:
+                i = pending.popleft()
+                requests[i].seq = free.pop(0)
+                admitted.append(i)
+            if admitted:
+                rows = [(i, tok, pos) for i in admitted for pos, tok in enumerate(requests[i].prompt_tokens)]
+                t = time.perf_counter()
+                self._decode(ctx, requests, rows, prefill=True, stats=stats)
+                stats.prefill_s += time.perf_counter() - t
+                stats.prefill_tokens += len(rows)
+                for i in admitted:
+                    requests[i].ttft_s = time.perf_counter() - t0
+                running += admitted
+            running = self._retire(ctx, requests, running, free)
+            if not running:
+                continue
+            rows = [(i, requests[i].next_input(), requests[i].n_past) for i in running]
+            t = time.perf_counter()
+            self._decode(ctx, requests, rows, prefill=False, stats=stats)
+            stats.decode_s += time.perf_counter() - t
+            stats.decode_tokens += len(rows)
+            running = self._retire(ctx, requests, running, free)
+
+    def _decode(self, ctx: Context, requests: list[Request], rows: list[tuple[int, int, int]],
+                prefill: bool, stats: RunStats) -> None:
+        """Decode rows (request index, token, position); the last row of each request outputs."""
+        last = {i: n for n, (i, _, _) in enumerate(rows)}
+        batch = [(tok, pos, requests[i].seq, last[i] == n) for n, (i, tok, pos) in enumerate(rows)]
+        stats.calls.append(BatchCall(prefill=prefill, rows=[i for i, _, _ in rows]))
+        outputs = ctx.decode(batch)
+        for row in outputs:
+            req = requests[rows[row][0]]
+            token, margin = greedy(ctx.logits(row))
+            req.record(token, margin, self.model.is_eog(token))
+
+    def _retire(self, ctx: Context, requests: list[Request], running: list[int], free: list[int]) -> list[int]:
+        """Free the sequences of finished requests (their KV cells and sequence ids)."""
+        still = []
+        for i in running:
+            if requests[i].finished:
+                ctx.seq_rm(requests[i].seq)
+                free.append(requests[i].seq)
+                free.sort()
+            else:
+                still.append(i)
+        return still

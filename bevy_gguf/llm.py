@@ -1,0 +1,139 @@
+"""Owns llama.cpp handles (model, context, batch) through llama-cpp-python's low-level API.
+
+Return codes become BevyError with the code in the message; handles are freed in order (a
+context before its model) by `close()` or the context manager.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from bevy_gguf.errors import BevyError
+
+
+@dataclass(frozen=True, slots=True)
+class ContextParams:
+    n_ctx: int
+    n_batch: int
+    n_seq_max: int
+    n_threads: int
+    kv_unified: bool = True
+
+
+class Model:
+    """A loaded llama_model and its vocabulary."""
+
+    def __init__(self, llama_cpp: ModuleType, path: Path, use_mmap: bool = True) -> None:
+        self.lib = llama_cpp
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = 0
+        params.use_mmap = use_mmap
+        self.path = path
+        self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not self.ptr:
+            raise BevyError(f"llama.cpp could not load {path}: is it a complete GGUF of a supported architecture?")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.n_layer = llama_cpp.llama_model_n_layer(self.ptr)
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (ctypes.c_int32 * n_max)()
+        n = self.lib.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_bos, False)
+        if n < 0:
+            raise BevyError(f"tokenization needs {-n} tokens, more than expected: report this")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        return buf.raw[: max(n, 0)]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self.lib.llama_vocab_is_eog(self.vocab, token))
+
+    def close(self) -> None:
+        if self.ptr:
+            self.lib.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Context:
+    """A llama_context on a Model, with one reusable batch."""
+
+    def __init__(self, model: Model, params: ContextParams) -> None:
+        lib = self.lib = model.lib
+        self.model = model
+        cp = lib.llama_context_default_params()
+        cp.n_ctx = params.n_ctx
+        cp.n_batch = params.n_batch
+        cp.n_ubatch = params.n_batch
+        cp.n_seq_max = params.n_seq_max
+        cp.n_threads = params.n_threads
+        cp.n_threads_batch = params.n_threads
+        cp.kv_unified = params.kv_unified
+        cp.no_perf = True
+        self.params = params
+        self.ptr = lib.llama_init_from_model(model.ptr, cp)
+        if not self.ptr:
+            raise BevyError(
+                f"llama.cpp could not create a context (n_ctx={params.n_ctx}, n_seq_max={params.n_seq_max})"
+            )
+        self.memory = lib.llama_get_memory(self.ptr)
+        self.batch = lib.llama_batch_init(params.n_batch, 0, 1)
+
+    def decode(self, tokens: list[tuple[int, int, int, bool]]) -> list[int]:
+        """Decode (token, pos, seq_id, wants_logits) rows as one batch; returns the output rows."""
+        b = self.batch
+        if len(tokens) > self.params.n_batch:
+            raise BevyError(f"batch of {len(tokens)} tokens exceeds n_batch={self.params.n_batch}")
+        outputs = []
+        for i, (tok, pos, seq, out) in enumerate(tokens):
+            b.token[i] = tok
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = out
+            if out:
+                outputs.append(i)
+        b.n_tokens = len(tokens)
+        rc = self.lib.llama_decode(self.ptr, b)
+        if rc != 0:
+            raise BevyError(f"llama_decode failed with code {rc} ({len(tokens)} tokens)")
+        return outputs
+
+    def logits(self, row: int) -> np.ndarray:
+        ptr = self.lib.llama_get_logits_ith(self.ptr, row)
+        if not ptr:
+            raise BevyError(f"no logits for batch row {row}")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    def seq_rm(self, seq: int) -> None:
+        self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+
+    def close(self) -> None:
+        if self.ptr:
+            self.lib.llama_batch_free(self.batch)
+            self.lib.llama_free(self.ptr)
+            self.ptr = None
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny generated models and helpers that run bevy-gguf in a subprocess.
+
+Each libllama (stock, patched) needs its own process, so tests that decode run a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bevy_gguf.models import ensure_model
+from bevy_gguf.models.spec import ARCHS, ModelSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 300
+
+
+def tiny_spec(arch: str = "qwen3moe", dtype: str = "q8_0", **kw: int) -> ModelSpec:
+    params = dict(layers=2, experts=8, top_k=2, embd=64, ff=64, seed=0) | kw
+    return ModelSpec(arch=arch, dtype=dtype, **params)
+
+
+@pytest.fixture(scope="session", params=ARCHS)
+def tiny_model(request: pytest.FixtureRequest) -> Path:
+    """A tiny model of every generated architecture."""
+    return ensure_model(tiny_spec(request.param), progress=False)
+
+
+@pytest.fixture(scope="session")
+def qwen3_tiny() -> Path:
+    return ensure_model(tiny_spec("qwen3moe"), progress=False)
+
+
+def run_cli(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run `bevy-gguf ARGS` in a fresh process; fail the test with its stderr on error."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bevy_gguf.cli", *map(str, args)],
+        input=stdin, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    if check and proc.returncode != 0:
+        pytest.fail(f"bevy-gguf {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
+    return proc
+
+
+def run_json(*args: str) -> dict:
+    return json.loads(run_cli(*args, "--json").stdout)
+
+
+def run_probe(*args: str) -> dict:
+    """Run tests/probe.py (a fixed decode schedule on one libllama) and return its JSON."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "probe.py"), *map(str, args)],
+        capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"probe {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
