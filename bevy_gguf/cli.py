@@ -57,10 +57,16 @@ def _requests_maker(args: argparse.Namespace):  # noqa: ANN202
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from bevy_gguf.generate import run_stock
+    from bevy_gguf.generate import OffloadConfig, run_bevy, run_stock
 
     make_requests = _requests_maker(args)
-    result = run_stock(Path(args.model), make_requests, args.parallel, args.threads)
+    if args.engine == "stock":
+        result = run_stock(Path(args.model), make_requests, args.parallel, args.threads)
+    else:
+        offload = OffloadConfig(scheduler=args.scheduler, expert_cache=args.expert_cache, link=args.link,
+                                eviction=args.eviction, link_workers=args.link_workers,
+                                wait_timeout_s=args.wait_timeout)
+        result = run_bevy(Path(args.model), make_requests, args.parallel, args.threads, offload)
     if args.json:
         print(json.dumps(result.to_json(), ensure_ascii=False))
         return 0
@@ -70,14 +76,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     s = result.stats
     print(f"engine {result.engine}, parallel {result.n_parallel}: {s.decode_tokens} decode tokens in "
           f"{s.decode_s:.3f} s = {s.tok_per_s:.1f} tok/s; prefill {s.prefill_tokens} tokens in {s.prefill_s:.3f} s")
+    if result.cache is not None:
+        print_cache_summary(result.cache)
     return 0
+
+
+def print_cache_summary(cache: dict) -> None:
+    from bevy_gguf.engine.expert_cache import hit_rate
+
+    print(f"scheduler {cache['scheduler']}, expert cache {cache['bytes'] / 2**20:.1f} MiB = {cache['slots']} slots, "
+          f"micro-batch {cache['micro_batch']} tokens, link: {cache['link']}")
+    print(f"{'layer':>5} {'hits':>7} {'misses':>7} {'hit%':>6} {'MB loaded':>10} {'stall s':>8}")
+    for il, c in enumerate(cache["layers"]):
+        print(f"{il:>5} {c['hits']:>7} {c['misses']:>7} {100 * hit_rate(c):>6.1f} {c['bytes_loaded'] / 1e6:>10.1f} "
+              f"{c['stall_ns'] / 1e9:>8.3f}")
+    for name, c in (("total", cache["total"]), ("decode", cache["decode"])):
+        print(f"{name:>5} {c.get('hits', 0):>7} {c.get('misses', 0):>7} {100 * hit_rate(c):>6.1f} "
+              f"{c.get('bytes_loaded', 0) / 1e6:>10.1f} {c.get('stall_ns', 0) / 1e9:>8.3f}"
+              + (f"  link busy {c['link_busy_ns'] / 1e9:.3f} s" if "link_busy_ns" in c else ""))
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
     from bevy_gguf.tracecmd import run_trace
 
+    sizes = [x for x in (args.expert_cache or "").split(",") if x]
     return run_trace(Path(args.model), n_requests=args.requests, prompt_tokens=args.prompt_tokens,
-                     steps=args.steps, n_threads=args.threads, as_json=args.json)
+                     steps=args.steps, n_threads=args.threads, as_json=args.json, cache_sizes=sizes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,8 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workload", choices=["text"], help="take prompts from the text workload")
     run.add_argument("--requests", type=positive("--requests"), help="requests of --workload (default 8)")
     run.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=16)
-    run.add_argument("--engine", choices=["stock"], default="stock",
-                     help="stock: unpatched llama.cpp, one context, --parallel sequences per batch")
+    run.add_argument("--engine", choices=["bevy", "stock"], default="bevy",
+                     help="bevy: patched llama.cpp, experts served from a bounded cache; "
+                          "stock: unpatched llama.cpp, one context, --parallel sequences per batch")
+    run.add_argument("--scheduler", choices=["blocking"], default="blocking",
+                     help="blocking: one batched context, stalls on every miss (the stock behaviour)")
+    run.add_argument("--expert-cache", default="25%", metavar="SIZE",
+                     help="cache size: a percentage of the routed expert bytes (25%%) or a size (512MiB)")
+    run.add_argument("--link", default="file", help="file (O_DIRECT from the GGUF), ram, or throttle:RATE[:file|ram]")
+    run.add_argument("--eviction", choices=["next-use", "lru", "random"], default="next-use")
+    run.add_argument("--link-workers", type=positive("--link-workers"), default=2)
+    run.add_argument("--wait-timeout", type=float, default=300.0, metavar="SECONDS",
+                     help="a decode waiting longer for experts fails with an error")
     run.add_argument("--parallel", type=positive("--parallel"), default=8, help="sequences decoded at once")
     run.add_argument("-n", "--max-tokens", type=positive("--max-tokens"), default=48)
     run.add_argument("--threads", type=positive("--threads"), default=2)
@@ -119,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=16)
     tr.add_argument("--steps", type=positive("--steps"), default=64)
     tr.add_argument("--threads", type=positive("--threads"), default=2)
+    tr.add_argument("--expert-cache", metavar="SIZES",
+                    help="replay the routing against lru, next-use and Belady at these cache sizes (25%%,75%%)")
     tr.add_argument("--json", action="store_true")
     tr.set_defaults(func=cmd_trace)
     return ap

@@ -6,13 +6,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bevy_gguf import native
 from bevy_gguf.engine.batched import BatchedRunner, RunStats
+from bevy_gguf.engine.expert_cache import ExpertCache, hit_rate
 from bevy_gguf.engine.request import Request
+from bevy_gguf.errors import BevyError
 from bevy_gguf.gguf_info import inspect_model
 from bevy_gguf.libs import use_libllama
 from bevy_gguf.llm import Model
+from bevy_gguf.offload import LinkSpec, parse_cache_size
 
-ENGINES = ("stock",)
+ENGINES = ("bevy", "stock")
+SCHEDULERS = ("blocking",)
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadConfig:
+    """What the bevy engine needs beyond the stock one."""
+
+    scheduler: str = "blocking"
+    expert_cache: str = "25%"
+    link: str = "file"
+    eviction: str = "next-use"
+    link_workers: int = 2
+    wait_timeout_s: float = 300.0
 
 
 @dataclass(slots=True)
@@ -22,6 +39,7 @@ class RunResult:
     requests: list[Request]
     texts: list[str]
     stats: RunStats
+    cache: dict[str, Any] | None = None  # the bevy engine's expert cache: size, link, counters
 
     def to_json(self) -> dict[str, Any]:
         """The §3 `run --json` document (stock fills only tok_per_s)."""
@@ -30,9 +48,20 @@ class RunResult:
                 {"prompt": r.prompt, "text": t, "tokens": r.tokens, "margins": [round(m, 6) for m in r.margins]}
                 for r, t in zip(self.requests, self.texts)
             ],
-            "stats": {"tok_per_s": round(self.stats.tok_per_s, 3), "hit_rate": None,
-                      "bytes_loaded": None, "stall_s": None, "link": None},
+            "stats": self._stats_json(),
         }
+
+    def _stats_json(self) -> dict[str, Any]:
+        stats: dict[str, Any] = {"tok_per_s": round(self.stats.tok_per_s, 3), "hit_rate": None,
+                                 "bytes_loaded": None, "stall_s": None, "link": None}
+        if self.cache is not None:
+            c = self.cache["decode"]
+            stats |= {"hit_rate": round(hit_rate(c), 6), "bytes_loaded": int(c.get("bytes_loaded", 0)),
+                      "stall_s": round(c.get("stall_ns", 0) / 1e9, 6), "link": self.cache["link"],
+                      "scheduler": self.cache["scheduler"], "expert_cache_bytes": self.cache["bytes"],
+                      "expert_cache_slots": self.cache["slots"], "micro_batch": self.cache["micro_batch"],
+                      "total": self.cache["total"]}
+        return stats
 
 
 def run_stock(model_path: Path, make_requests: Any, n_parallel: int, n_threads: int) -> RunResult:
@@ -44,3 +73,30 @@ def run_stock(model_path: Path, make_requests: Any, n_parallel: int, n_threads: 
         stats = BatchedRunner(model, n_parallel, n_threads).run(requests)
         texts = [model.detokenize(r.tokens) for r in requests]
     return RunResult("stock", n_parallel, requests, texts, stats)
+
+
+def run_bevy(model_path: Path, make_requests: Any, n_parallel: int, n_threads: int,
+             offload: OffloadConfig) -> RunResult:
+    """Decode with the patched llama.cpp, routed experts served from a bounded cache."""
+    if offload.scheduler not in SCHEDULERS:
+        raise BevyError(f"unknown scheduler {offload.scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
+    info = inspect_model(model_path)
+    link = LinkSpec.parse(offload.link)
+    budget = parse_cache_size(offload.expert_cache, info.expert_bytes)
+    llama_cpp = use_libllama("patched")
+    native.llama_moe_set_lazy_experts(llama_cpp, True)  # experts are resident only in the cache
+    with Model(llama_cpp, model_path) as model, ExpertCache(
+            info, budget, link, policy=offload.eviction, n_workers=offload.link_workers,
+            wait_timeout_s=offload.wait_timeout_s) as cache:
+        requests: list[Request] = make_requests(model)
+        limit = max(len(r.prompt_tokens) for r in requests) * n_parallel
+        micro_batch = cache.layout.micro_batch(cache.n_slots, limit)
+        runner = BatchedRunner(model, n_parallel, n_threads, on_context=cache.attach,
+                               micro_batch=micro_batch, counters=cache.counters)
+        stats = runner.run(requests)
+        texts = [model.detokenize(r.tokens) for r in requests]
+        summary = {"scheduler": offload.scheduler, "link": cache.link_name, "bytes": cache.budget_bytes,
+                   "slots": cache.n_slots, "micro_batch": micro_batch, "decode": stats.decode_counters,
+                   "total": cache.counters(),
+                   "layers": [cache.counters(il) for il in range(info.n_layer)]}
+    return RunResult("bevy", n_parallel, requests, texts, stats, cache=summary)

@@ -7,6 +7,7 @@ context before its model) by `close()` or the context manager.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -22,17 +23,17 @@ class ContextParams:
     n_batch: int
     n_seq_max: int
     n_threads: int
+    n_ubatch: int | None = None  # tokens per graph evaluation (default: n_batch)
     kv_unified: bool = True
 
 
 class Model:
     """A loaded llama_model and its vocabulary."""
 
-    def __init__(self, llama_cpp: ModuleType, path: Path, use_mmap: bool = True) -> None:
+    def __init__(self, llama_cpp: ModuleType, path: Path) -> None:
         self.lib = llama_cpp
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 0
-        params.use_mmap = use_mmap
         self.path = path
         self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
@@ -82,7 +83,7 @@ class Context:
         cp = lib.llama_context_default_params()
         cp.n_ctx = params.n_ctx
         cp.n_batch = params.n_batch
-        cp.n_ubatch = params.n_batch
+        cp.n_ubatch = params.n_ubatch or params.n_batch
         cp.n_seq_max = params.n_seq_max
         cp.n_threads = params.n_threads
         cp.n_threads_batch = params.n_threads
@@ -96,6 +97,7 @@ class Context:
             )
         self.memory = lib.llama_get_memory(self.ptr)
         self.batch = lib.llama_batch_init(params.n_batch, 0, 1)
+        self.explain_failure: Callable[[], str] | None = None  # set by whoever installs a hook
 
     def decode(self, tokens: list[tuple[int, int, int, bool]]) -> list[int]:
         """Decode (token, pos, seq_id, wants_logits) rows as one batch; returns the output rows."""
@@ -114,7 +116,8 @@ class Context:
         b.n_tokens = len(tokens)
         rc = self.lib.llama_decode(self.ptr, b)
         if rc != 0:
-            raise BevyError(f"llama_decode failed with code {rc} ({len(tokens)} tokens)")
+            why = self.explain_failure() if self.explain_failure else ""
+            raise BevyError(f"llama_decode failed with code {rc} ({len(tokens)} tokens){': ' + why if why else ''}")
         return outputs
 
     def logits(self, row: int) -> np.ndarray:

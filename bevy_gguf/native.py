@@ -6,7 +6,7 @@ One binding per C function, its prototype above it; no logic here.
 from __future__ import annotations
 
 import ctypes
-from ctypes import POINTER, c_bool, c_int32, c_int64, c_void_p
+from ctypes import POINTER, c_bool, c_char_p, c_double, c_int32, c_int64, c_size_t, c_uint64, c_void_p
 from functools import cache
 from types import ModuleType
 
@@ -31,6 +31,47 @@ class BevyMoeCall(ctypes.Structure):
         ("n_embd", c_int32),
     ]
 
+
+MAX_KINDS = 8
+
+
+class BevyCacheParams(ctypes.Structure):
+    """bevy_cache_params."""
+
+    _fields_ = [
+        ("n_layer", c_int32),
+        ("n_expert", c_int32),
+        ("n_kinds", c_int32),
+        ("kind_bytes", c_uint64 * MAX_KINDS),
+        ("n_slots", c_int64),
+        ("policy", c_int32),
+        ("n_workers", c_int32),
+        ("wait_timeout_ms", c_int32),
+        ("seed", c_uint64),
+    ]
+
+
+class BevyCounters(ctypes.Structure):
+    """bevy_counters."""
+
+    _fields_ = [
+        ("hits", c_uint64),
+        ("misses", c_uint64),
+        ("loads", c_uint64),
+        ("bytes_loaded", c_uint64),
+        ("evictions", c_uint64),
+        ("stall_ns", c_uint64),
+        ("link_busy_ns", c_uint64),
+    ]
+
+
+class LlamaMoeCacheTensor(ctypes.Structure):
+    """llama_moe_cache_tensor (patches/0002)."""
+
+    _fields_ = [("kind", c_char_p), ("data", c_void_p), ("nbytes", c_size_t)]
+
+
+POLICIES = {"lru": 0, "next-use": 1, "random": 2}
 
 # typedef int32_t (*bevy_moe_hook_fn)(void * user_data, const bevy_moe_call * call);
 MOE_HOOK_FN = ctypes.CFUNCTYPE(c_int32, c_void_p, POINTER(BevyMoeCall))
@@ -61,7 +102,74 @@ def libbevy() -> ctypes.CDLL:
     # void bevy_router_trace_clear(bevy_router_trace * trace);
     lib.bevy_router_trace_clear.argtypes = [c_void_p]
     lib.bevy_router_trace_clear.restype = None
+
+    # const char * bevy_last_error(void);
+    lib.bevy_last_error.argtypes = []
+    lib.bevy_last_error.restype = c_char_p
+    # bevy_link * bevy_link_file_new(const char * path);
+    lib.bevy_link_file_new.argtypes = [c_char_p]
+    lib.bevy_link_file_new.restype = c_void_p
+    # bevy_link * bevy_link_ram_new(const char * path, const uint64_t * offsets, const uint64_t * sizes, int32_t n);
+    lib.bevy_link_ram_new.argtypes = [c_char_p, POINTER(c_uint64), POINTER(c_uint64), c_int32]
+    lib.bevy_link_ram_new.restype = c_void_p
+    # bevy_link * bevy_link_throttle_new(bevy_link * inner, double bytes_per_s);
+    lib.bevy_link_throttle_new.argtypes = [c_void_p, c_double]
+    lib.bevy_link_throttle_new.restype = c_void_p
+    # void bevy_link_free(bevy_link * link);
+    lib.bevy_link_free.argtypes = [c_void_p]
+    lib.bevy_link_free.restype = None
+    # int32_t bevy_link_describe(const bevy_link * link, char * buf, int32_t size);
+    lib.bevy_link_describe.argtypes = [c_void_p, c_char_p, c_int32]
+    lib.bevy_link_describe.restype = c_int32
+    # int32_t bevy_link_read(bevy_link * link, uint64_t offset, uint64_t nbytes, void * dst);
+    lib.bevy_link_read.argtypes = [c_void_p, c_uint64, c_uint64, c_void_p]
+    lib.bevy_link_read.restype = c_int32
+    # int32_t bevy_link_emulated(const bevy_link * link);
+    lib.bevy_link_emulated.argtypes = [c_void_p]
+    lib.bevy_link_emulated.restype = c_int32
+    # bevy_cache_params bevy_cache_default_params(void);
+    lib.bevy_cache_default_params.argtypes = []
+    lib.bevy_cache_default_params.restype = BevyCacheParams
+    # bevy_cache * bevy_cache_new(const bevy_cache_params * params, bevy_link * link);
+    lib.bevy_cache_new.argtypes = [POINTER(BevyCacheParams), c_void_p]
+    lib.bevy_cache_new.restype = c_void_p
+    # void bevy_cache_free(bevy_cache * cache);
+    lib.bevy_cache_free.argtypes = [c_void_p]
+    lib.bevy_cache_free.restype = None
+    # int32_t bevy_cache_set_source(bevy_cache * cache, int32_t il, int32_t kind, uint64_t offset);
+    lib.bevy_cache_set_source.argtypes = [c_void_p, c_int32, c_int32, c_uint64]
+    lib.bevy_cache_set_source.restype = c_int32
+    # void * bevy_cache_slot_data(bevy_cache * cache, int32_t kind);
+    lib.bevy_cache_slot_data.argtypes = [c_void_p, c_int32]
+    lib.bevy_cache_slot_data.restype = c_void_p
+    # int32_t bevy_cache_counters(const bevy_cache * cache, int32_t il, bevy_counters * out);
+    lib.bevy_cache_counters.argtypes = [c_void_p, c_int32, POINTER(BevyCounters)]
+    lib.bevy_cache_counters.restype = c_int32
+    # void bevy_cache_reset_counters(bevy_cache * cache);
+    lib.bevy_cache_reset_counters.argtypes = [c_void_p]
+    lib.bevy_cache_reset_counters.restype = None
+    # bevy_hook * bevy_hook_new(bevy_cache * cache);
+    lib.bevy_hook_new.argtypes = [c_void_p]
+    lib.bevy_hook_new.restype = c_void_p
+    # void bevy_hook_free(bevy_hook * hook);
+    lib.bevy_hook_free.argtypes = [c_void_p]
+    lib.bevy_hook_free.restype = None
+    # int32_t bevy_hook_fn(void * hook, const bevy_moe_call * call);
+    lib.bevy_hook_fn.argtypes = [c_void_p, POINTER(BevyMoeCall)]
+    lib.bevy_hook_fn.restype = c_int32
+    # const char * bevy_hook_last_error(const bevy_hook * hook);
+    lib.bevy_hook_last_error.argtypes = [c_void_p]
+    lib.bevy_hook_last_error.restype = c_char_p
+    # int64_t bevy_replay(int32_t policy, int32_t n_layer, int32_t n_expert, int64_t n_slots, uint64_t seed,
+    #                     const int32_t * layers, const int64_t * offsets, const int32_t * experts, int64_t n_steps);
+    lib.bevy_replay.argtypes = [c_int32, c_int32, c_int32, c_int64, c_uint64, POINTER(c_int32), POINTER(c_int64),
+                                POINTER(c_int32), c_int64]
+    lib.bevy_replay.restype = c_int64
     return lib
+
+
+def last_error() -> str:
+    return (libbevy().bevy_last_error() or b"").decode(errors="replace")
 
 
 def hook_address(fn: ctypes._CFuncPtr) -> int:
@@ -69,14 +177,34 @@ def hook_address(fn: ctypes._CFuncPtr) -> int:
     return ctypes.cast(fn, c_void_p).value or 0
 
 
+def _patched_symbol(llama_cpp: ModuleType, name: str) -> ctypes._CFuncPtr:
+    try:
+        return getattr(llama_cpp.llama_cpp._lib, name)
+    except AttributeError:
+        raise BevyError(f"the loaded libllama has no {name}: this needs the patched build") from None
+
+
+def llama_set_moe_cache(llama_cpp: ModuleType, ctx: int, tensors: ctypes.Array, n_slots: int) -> int:
+    """int32_t llama_set_moe_cache(llama_context * ctx, const llama_moe_cache_tensor * tensors,
+                                   int32_t n_tensors, int32_t n_slots);"""
+    fn = _patched_symbol(llama_cpp, "llama_set_moe_cache")
+    fn.argtypes = [c_void_p, POINTER(LlamaMoeCacheTensor), c_int32, c_int32]
+    fn.restype = c_int32
+    return fn(ctx, tensors, len(tensors), n_slots)
+
+
+def llama_moe_set_lazy_experts(llama_cpp: ModuleType, lazy: bool) -> None:
+    """void llama_moe_set_lazy_experts(bool lazy);"""
+    fn = _patched_symbol(llama_cpp, "llama_moe_set_lazy_experts")
+    fn.argtypes = [c_bool]
+    fn.restype = None
+    fn(lazy)
+
+
 def llama_set_moe_hook(llama_cpp: ModuleType, ctx: int, fn: int | None, user_data: int | None,
                        want_router_in: bool = False) -> None:
     """void llama_set_moe_hook(llama_context * ctx, llama_moe_hook_fn fn, void * user_data, bool want_router_in);"""
-    lib = llama_cpp.llama_cpp._lib
-    try:
-        setter = lib.llama_set_moe_hook
-    except AttributeError:
-        raise BevyError("the loaded libllama has no llama_set_moe_hook: this needs the patched build") from None
+    setter = _patched_symbol(llama_cpp, "llama_set_moe_hook")
     setter.argtypes = [c_void_p, c_void_p, c_void_p, c_bool]
     setter.restype = None
     setter(ctx, fn, user_data, want_router_in)

@@ -8,10 +8,14 @@ from pathlib import Path
 import numpy as np
 
 from bevy_gguf.engine.batched import BatchedRunner
+from bevy_gguf.engine.expert_cache import CacheLayout
+from bevy_gguf.errors import BevyError
 from bevy_gguf.gguf_info import inspect_model
 from bevy_gguf.libs import use_libllama
 from bevy_gguf.llm import Model
+from bevy_gguf.offload import parse_cache_size
 from bevy_gguf.prompts import workload_requests
+from bevy_gguf.replay import ReplayRow, blocking_order, replay_all
 from bevy_gguf.routing import (
     MAX_CROSS_JACCARD,
     MIN_CONSECUTIVE,
@@ -50,16 +54,34 @@ def summarize(stats: list[LayerStats]) -> dict[str, float]:
     }
 
 
+def replays(model_path: Path, sel: np.ndarray, n_expert: int, cache_sizes: list[str]) -> list[ReplayRow]:
+    info = inspect_model(model_path)
+    layout = CacheLayout.of(info)
+    rows = []
+    for size in cache_sizes:
+        budget = parse_cache_size(size, info.expert_bytes)
+        n_slots = min(budget // layout.slot_bytes, info.n_layer * n_expert)
+        need = max(len(e) for _, e in blocking_order(sel))
+        if n_slots < need:
+            raise BevyError(f"--expert-cache {size} holds {n_slots} experts, but one layer of the recorded batch "
+                            f"needs {need}: raise it")
+        rows += replay_all(sel, n_expert, n_slots, layout.slot_bytes)
+    return rows
+
+
 def run_trace(model_path: Path, n_requests: int, prompt_tokens: int, steps: int, n_threads: int,
-              as_json: bool) -> int:
+              as_json: bool, cache_sizes: list[str] | None = None) -> int:
     sel, n_expert = trace_workload(model_path, n_requests, prompt_tokens, steps, n_threads)
     stats = layer_stats(sel, n_expert)
     summary = summarize(stats)
     ok = all(s.ok for s in stats)
+    rows = replays(model_path, sel, n_expert, cache_sizes) if cache_sizes else []
     if as_json:
         print(json.dumps({"workload": "text", "requests": n_requests, "steps": steps,
                           "layers": [{f: getattr(s, f) for f in s.__slots__} for s in stats],
-                          "summary": summary, "meets_design_5": ok}))
+                          "summary": summary, "meets_design_5": ok,
+                          "replay": [{"policy": r.policy, "slots": r.n_slots, "hit_rate": r.hit_rate,
+                                      "bytes_per_token": r.bytes_per_token} for r in rows]}))
         return 0
     k = sel.shape[-1]
     print(f"routing of the text workload: {n_requests} requests x {steps} decode steps (teacher forced), "
@@ -72,4 +94,9 @@ def run_trace(model_path: Path, n_requests: int, prompt_tokens: int, steps: int,
               f"{s.lru_hit_1:>6.2f} {s.lru_hit_all:>8.2f}{'' if s.ok else '  <- misses a target'}")
     print(f"LRU hit rates use E/4 = {max(1, n_expert // 4)} slots per layer. "
           f"{'All layers meet' if ok else 'Some layers miss'} the §5 targets.")
+    if rows:
+        print("replay of the blocking order (decode steps, every layer's union) against one pool of slots:")
+        print(f"{'slots':>6} {'policy':>9} {'hit rate':>9} {'MB/token':>9}")
+        for r in rows:
+            print(f"{r.n_slots:>6} {r.policy:>9} {r.hit_rate:>9.3f} {r.bytes_per_token / 1e6:>9.3f}")
     return 0

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bevy_gguf.models import ensure_model
@@ -61,3 +62,27 @@ def run_probe(*args: str) -> dict:
     if proc.returncode != 0:
         pytest.fail(f"probe {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout)
+
+
+def probe_logits(tmp_path: Path, lib: str, model: Path, hook: str = "none", *extra: str) -> tuple[dict, np.ndarray]:
+    """(probe JSON, every output's logits) of tests/probe.py's fixed schedule."""
+    out = tmp_path / f"{lib}-{hook}-{abs(hash(extra))}.npy"
+    result = run_probe("--lib", lib, "--model", model, "--out", out, "--hook", hook, *extra)
+    return result, np.load(out)
+
+
+MARGIN = 0.05  # DESIGN.md §4
+
+
+def compare_by_margin_rule(ref: dict, other: dict) -> tuple[int, int]:
+    """(positions compared, mismatches) of other's tokens against ref's under §4's margin rule."""
+    compared = mismatches = 0
+    for r, o in zip(ref["requests"], other["requests"]):
+        for pos, (a, b) in enumerate(zip(r["tokens"], o["tokens"])):
+            if r["margins"][pos] < MARGIN:
+                break
+            compared += 1
+            if a != b:
+                mismatches += 1
+                break
+    return compared, mismatches

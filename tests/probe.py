@@ -49,11 +49,23 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--hook", default="none")
     ap.add_argument("--hook-after-first", action="store_true")
+    ap.add_argument("--cache", help="serve experts from an expert cache of this size (e.g. 50%%)")
+    ap.add_argument("--eviction", default="next-use")
     args = ap.parse_args()
 
     llama_cpp = use_libllama(args.lib)
     result: dict = {"libllama": loaded_libllama(), "error": None}
     keep = []
+    cache = None
+    if args.cache:
+        from bevy_gguf import native
+        from bevy_gguf.engine.expert_cache import ExpertCache
+        from bevy_gguf.offload import LinkSpec, parse_cache_size
+
+        native.llama_moe_set_lazy_experts(llama_cpp, True)
+        info = inspect_model(args.model)
+        cache = ExpertCache(info, parse_cache_size(args.cache, info.expert_bytes), LinkSpec("file"),
+                            policy=args.eviction, wait_timeout_s=60)
     with Model(llama_cpp, args.model) as model:
         prompts = [model.tokenize(p) for p in PROMPTS]
         params = ContextParams(n_ctx=256, n_batch=sum(map(len, prompts)), n_seq_max=3, n_threads=2)
@@ -63,7 +75,9 @@ def main() -> int:
             def install() -> None:
                 nonlocal trace
                 from bevy_gguf import native
-                if args.hook == "trace":
+                if cache is not None:
+                    cache.attach(ctx)
+                elif args.hook == "trace":
                     from bevy_gguf.routing import RouterTrace
                     trace = RouterTrace(model.n_layer, inspect_model(args.model).n_expert_used)
                     trace.install(ctx)
@@ -93,6 +107,10 @@ def main() -> int:
                 result["trace_rows"] = [int(len(trace.layer(il))) for il in range(model.n_layer)]
                 result["trace_ids"] = [trace.layer(il).tolist() for il in range(model.n_layer)]
                 trace.close()
+    if cache is not None:
+        result["slots"] = cache.n_slots
+        result["counters"] = cache.counters()
+        cache.close()
     np.save(args.out, np.array(logits, dtype=np.float32))
     result["outputs"] = len(logits)
     result["prompt_tokens"] = [len(p) for p in prompts]

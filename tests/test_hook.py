@@ -6,15 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_probe, tiny_spec
+from conftest import probe_logits, tiny_spec
 
 from bevy_gguf.models import ensure_model
-
-
-def probe_logits(tmp_path: Path, lib: str, model: Path, hook: str = "none", *extra: str) -> tuple[dict, np.ndarray]:
-    out = tmp_path / f"{lib}-{hook}-{len(extra)}.npy"
-    result = run_probe("--lib", lib, "--model", model, "--out", out, "--hook", hook, *extra)
-    return result, np.load(out)
 
 
 def test_no_hook_is_bit_identical_to_stock(tmp_path: Path, tiny_model: Path) -> None:

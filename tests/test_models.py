@@ -49,7 +49,7 @@ def test_stock_llama_cpp_runs_every_arch_and_dtype(tiny_model: Path) -> None:
 def test_f16(tmp_path: Path) -> None:
     path = ensure_model(tiny_spec("mixtral", dtype="f16"), progress=False)
     assert {t.ggml_type for t in inspect_model(path).expert_tensors} == {"F16"}
-    doc = run_json("run", path, "-p", "Hi", "--parallel", "1", "-n", "3")
+    doc = run_json("run", path, "-p", "Hi", "--engine", "stock", "--parallel", "1", "-n", "3")
     assert len(doc["requests"][0]["tokens"]) == 3
 
 

@@ -4,27 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import run_cli, run_json
-
-MARGIN = 0.05  # DESIGN.md §4
-
-
-def compare_by_margin_rule(ref: dict, other: dict) -> tuple[int, int]:
-    """(positions compared, mismatches) under §4's margin rule against ref."""
-    compared = mismatches = 0
-    for r, o in zip(ref["requests"], other["requests"]):
-        for pos, (a, b) in enumerate(zip(r["tokens"], o["tokens"])):
-            if r["margins"][pos] < MARGIN:
-                break
-            compared += 1
-            if a != b:
-                mismatches += 1
-                break
-    return compared, mismatches
+from conftest import compare_by_margin_rule, run_cli, run_json
 
 
 def test_json_contract(qwen3_tiny: Path) -> None:
-    doc = run_json("run", qwen3_tiny, "-p", "Hello", "-p", "Wörld", "--parallel", "2", "-n", "5")
+    doc = run_json("run", qwen3_tiny, "-p", "Hello", "-p", "Wörld", "--engine", "stock", "--parallel", "2", "-n", "5")
     assert set(doc) == {"requests", "stats"}
     assert [r["prompt"] for r in doc["requests"]] == ["Hello", "Wörld"]
     for r in doc["requests"]:
@@ -37,7 +21,7 @@ def test_json_contract(qwen3_tiny: Path) -> None:
 
 
 def test_batched_equals_one_at_a_time_by_margin_rule(tiny_model: Path) -> None:
-    args = ("run", tiny_model, "--workload", "text", "--requests", "8", "-n", "24")
+    args = ("run", tiny_model, "--engine", "stock", "--workload", "text", "--requests", "8", "-n", "24")
     batched = run_json(*args, "--parallel", "8")
     alone = run_json(*args, "--parallel", "1")
     compared, mismatches = compare_by_margin_rule(alone, batched)
@@ -47,15 +31,16 @@ def test_batched_equals_one_at_a_time_by_margin_rule(tiny_model: Path) -> None:
 
 def test_more_requests_than_parallel(qwen3_tiny: Path) -> None:
     prompts = [f"prompt number {i}" for i in range(5)]
-    doc = run_json("run", qwen3_tiny, *sum((["-p", p] for p in prompts), []), "--parallel", "2", "-n", "4")
+    doc = run_json("run", qwen3_tiny, *sum((["-p", p] for p in prompts), []), "--engine", "stock", "--parallel", "2",
+                   "-n", "4")
     assert [r["prompt"] for r in doc["requests"]] == prompts
-    alone = run_json("run", qwen3_tiny, "-p", prompts[4], "--parallel", "1", "-n", "4")
+    alone = run_json("run", qwen3_tiny, "-p", prompts[4], "--engine", "stock", "--parallel", "1", "-n", "4")
     assert compare_by_margin_rule(alone, {"requests": doc["requests"][4:]})[1] == 0
 
 
 def test_text_output_for_eight_prompts_from_stdin(qwen3_tiny: Path) -> None:
     stdin = "\n".join(f"line {i}: ünïcödé" for i in range(8)) + "\n"
-    out = run_cli("run", qwen3_tiny, "--parallel", "8", "-n", "6", stdin=stdin).stdout
+    out = run_cli("run", qwen3_tiny, "--engine", "stock", "--parallel", "8", "-n", "6", stdin=stdin).stdout
     assert out.count("--- request") == 8
     assert "line 7: ünïcödé\u2192" in out
     assert "engine stock, parallel 8:" in out

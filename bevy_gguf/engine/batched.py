@@ -35,6 +35,7 @@ class RunStats:
     decode_tokens: int = 0
     prefill_tokens: int = 0
     calls: list[BatchCall] = field(default_factory=list)
+    decode_counters: dict[str, float] = field(default_factory=dict)  # expert cache, decode calls only
 
     @property
     def tok_per_s(self) -> float:
@@ -48,29 +49,36 @@ def greedy(logits: np.ndarray) -> tuple[int, float]:
     return int(a), float(logits[a] - logits[b])
 
 
-def context_params(requests: list[Request], n_parallel: int, n_threads: int) -> ContextParams:
-    """A context that fits any n_parallel of the requests at once."""
+def context_params(requests: list[Request], n_parallel: int, n_threads: int,
+                   micro_batch: int | None = None) -> ContextParams:
+    """A context that fits any n_parallel of the requests at once; graphs of at most
+    micro_batch tokens (None: a whole batch per graph)."""
     longest = max(len(r.prompt_tokens) + r.n_steps + 1 for r in requests)
     prompts = sorted((len(r.prompt_tokens) for r in requests), reverse=True)
     n_batch = max(sum(prompts[:n_parallel]), n_parallel, 32)
-    return ContextParams(n_ctx=n_parallel * longest, n_batch=n_batch, n_seq_max=n_parallel, n_threads=n_threads)
+    n_ubatch = min(micro_batch, n_batch) if micro_batch else None
+    return ContextParams(n_ctx=n_parallel * longest, n_batch=n_batch, n_seq_max=n_parallel, n_threads=n_threads,
+                         n_ubatch=n_ubatch)
 
 
 class BatchedRunner:
     """Decodes requests on one context, n_parallel at a time."""
 
     def __init__(self, model: Model, n_parallel: int, n_threads: int = 2,
-                 on_context: Callable[[Context], None] | None = None) -> None:
+                 on_context: Callable[[Context], None] | None = None, micro_batch: int | None = None,
+                 counters: Callable[[], dict[str, float]] | None = None) -> None:
         self.model = model
         self.n_parallel = n_parallel
         self.n_threads = n_threads
         self.on_context = on_context  # e.g. installs a MoE hook on the new context
+        self.micro_batch = micro_batch  # tokens per graph (an expert cache bounds it)
+        self.counters = counters  # e.g. the expert cache's: summed over decode calls
 
     def run(self, requests: list[Request]) -> RunStats:
         stats = RunStats()
         if not requests:
             return stats
-        params = context_params(requests, self.n_parallel, self.n_threads)
+        params = context_params(requests, self.n_parallel, self.n_threads, self.micro_batch)
         with Context(self.model, params) as ctx:
             if self.on_context:
                 self.on_context(ctx)
@@ -101,9 +109,12 @@ class BatchedRunner:
             if not running:
                 continue
             rows = [(i, requests[i].next_input(), requests[i].n_past) for i in running]
+            before = self.counters() if self.counters else {}
             t = time.perf_counter()
             self._decode(ctx, requests, rows, prefill=False, stats=stats)
             stats.decode_s += time.perf_counter() - t
+            for key, value in (self.counters() if self.counters else {}).items():
+                stats.decode_counters[key] = stats.decode_counters.get(key, 0) + value - before[key]
             stats.decode_tokens += len(rows)
             running = self._retire(ctx, requests, running, free)
 

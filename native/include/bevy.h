@@ -61,3 +61,102 @@ BEVY_API int64_t bevy_router_trace_read(
 
 // Forgets every recorded row.
 BEVY_API void bevy_router_trace_clear(bevy_router_trace * trace);
+
+//
+// Errors: a failed call returns NULL or a negative code; bevy_last_error() says why (per thread).
+//
+
+BEVY_API const char * bevy_last_error(void);
+
+//
+// Links: how expert bytes reach the cache from the slow tier.
+//
+
+typedef struct bevy_link bevy_link;
+
+// O_DIRECT preads of path (buffered where the file system refuses O_DIRECT; describe() says so)
+BEVY_API bevy_link * bevy_link_file_new(const char * path);
+// an in-memory copy of the n ranges [offsets[i], offsets[i] + sizes[i]) of path, read now
+BEVY_API bevy_link * bevy_link_ram_new(const char * path, const uint64_t * offsets, const uint64_t * sizes, int32_t n);
+// a token bucket of bytes_per_s over inner, which it takes over (do not free inner)
+BEVY_API bevy_link * bevy_link_throttle_new(bevy_link * inner, double bytes_per_s);
+BEVY_API void        bevy_link_free(bevy_link * link);
+// writes a one-line description (e.g. "emulated 200 MB/s over file (O_DIRECT)"); returns its length
+BEVY_API int32_t     bevy_link_describe(const bevy_link * link, char * buf, int32_t size);
+// 1 when the link is emulated (a throttle), else 0
+BEVY_API int32_t     bevy_link_emulated(const bevy_link * link);
+// copies [offset, offset + nbytes) of the slow tier to dst; 0, or -1 (bevy_last_error says why)
+BEVY_API int32_t     bevy_link_read(bevy_link * link, uint64_t offset, uint64_t nbytes, void * dst);
+
+//
+// Expert cache: one pool of slots in fast memory; slot s of kind k lives at
+// bevy_cache_slot_data(cache, k) + s * kind_bytes[k].
+//
+
+#define BEVY_MAX_KINDS 8
+
+enum bevy_policy {
+    BEVY_POLICY_LRU      = 0, // reference
+    BEVY_POLICY_NEXT_USE = 1, // default: estimated next use (distance in the layer cycle, frequency)
+    BEVY_POLICY_RANDOM   = 2, // stress tests
+};
+
+typedef struct bevy_cache_params {
+    int32_t  n_layer;                     // layers (expert keys are (layer, expert))
+    int32_t  n_expert;                    // routed experts per layer
+    int32_t  n_kinds;                     // tensors per expert (gate, up, down, scales, ...)
+    uint64_t kind_bytes[BEVY_MAX_KINDS];  // bytes of one expert of each kind (the tensor's nb[2])
+    int64_t  n_slots;                     // experts the pool holds
+    int32_t  policy;                      // enum bevy_policy
+    int32_t  n_workers;                   // upload threads
+    int32_t  wait_timeout_ms;             // a hook waiting longer fails its decode; 0 = no limit
+    uint64_t seed;                        // for BEVY_POLICY_RANDOM
+} bevy_cache_params;
+
+typedef struct bevy_counters {
+    uint64_t hits;          // distinct experts of a hook call that were resident or in flight
+    uint64_t misses;        // ... that had to be loaded
+    uint64_t loads;
+    uint64_t bytes_loaded;
+    uint64_t evictions;
+    uint64_t stall_ns;      // time hooks waited for loads
+    uint64_t link_busy_ns;  // time at least one load was in flight (totals only)
+} bevy_counters;
+
+typedef struct bevy_cache bevy_cache;
+
+BEVY_API bevy_cache_params bevy_cache_default_params(void);
+// link is borrowed: it must outlive the cache
+BEVY_API bevy_cache * bevy_cache_new(const bevy_cache_params * params, bevy_link * link);
+BEVY_API void         bevy_cache_free(bevy_cache * cache);
+// expert e of kind k at layer il lies at offset + e * kind_bytes[k] of the slow tier
+BEVY_API int32_t      bevy_cache_set_source(bevy_cache * cache, int32_t il, int32_t kind, uint64_t offset);
+BEVY_API void *       bevy_cache_slot_data(bevy_cache * cache, int32_t kind);
+// il = -1: totals
+BEVY_API int32_t      bevy_cache_counters(const bevy_cache * cache, int32_t il, bevy_counters * out);
+BEVY_API void         bevy_cache_reset_counters(bevy_cache * cache);
+
+//
+// The cache hook of one llama context: install with
+// llama_set_moe_hook(ctx, bevy_hook_fn, hook, false) after llama_set_moe_cache. At each MoE
+// layer it unpins the previous layer's slots, pins (loading, and waiting for, the missing
+// ones) a slot for every selected expert, and returns the slot ids; il = -1 (graph done)
+// unpins.
+//
+
+typedef struct bevy_hook bevy_hook;
+
+BEVY_API bevy_hook *   bevy_hook_new(bevy_cache * cache);
+BEVY_API void          bevy_hook_free(bevy_hook * hook);
+BEVY_API int32_t       bevy_hook_fn(void * hook, const bevy_moe_call * call);
+// why the last call of this hook failed ("" if it did not)
+BEVY_API const char *  bevy_hook_last_error(const bevy_hook * hook);
+
+//
+// Replay: the hit count of a policy on a recorded access sequence, with the live cache's code.
+// Step i is a visit of layer layers[i] that needs experts[offsets[i] .. offsets[i+1]) (distinct).
+// Returns hits, or -1 when a step needs more experts than there are slots.
+//
+
+BEVY_API int64_t bevy_replay(int32_t policy, int32_t n_layer, int32_t n_expert, int64_t n_slots, uint64_t seed,
+                             const int32_t * layers, const int64_t * offsets, const int32_t * experts, int64_t n_steps);

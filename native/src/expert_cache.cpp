@@ -1,0 +1,192 @@
+#include "expert_cache.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+namespace bevy {
+
+namespace {
+constexpr uint64_t kSlotAlign = 4096;
+}
+
+ExpertCache::ExpertCache(const CacheConfig & cfg, Link * link, std::string & err)
+    : cfg_(cfg), link_(link), sources_((size_t) cfg.n_layer * std::max(cfg.n_kinds, 1), 0),
+      dir_(cfg.n_layer, cfg.n_expert, cfg.n_slots, cfg.policy, cfg.seed),
+      layer_counters_(cfg.n_layer), used_(cfg.n_expert, 0), load_errors_(cfg.n_slots) {
+    if (cfg.n_layer <= 0 || cfg.n_expert <= 0 || cfg.n_kinds <= 0 || cfg.n_kinds > kMaxKinds || cfg.n_slots <= 0
+            || cfg.n_workers <= 0) {
+        err = "bad cache parameters (layers, experts, kinds, slots and workers must be positive)";
+        return;
+    }
+    for (int32_t k = 0; k < cfg.n_kinds; ++k) {
+        const uint64_t bytes = (uint64_t) cfg.n_slots * cfg.kind_bytes[k];
+        void * mem = bytes ? std::aligned_alloc(kSlotAlign, (bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign) : nullptr;
+        if (!mem) {
+            err = "cannot allocate " + std::to_string(bytes) + " bytes of expert cache";
+            return;
+        }
+        memory_.push_back(mem);
+    }
+    queue_ = std::make_unique<UploadQueue>(cfg.n_workers, [this](const LoadJob & job) { load(job); });
+    ok_    = true;
+}
+
+ExpertCache::~ExpertCache() {
+    queue_.reset(); // joins the workers before the memory they write goes away
+    for (void * mem : memory_) {
+        std::free(mem);
+    }
+}
+
+void ExpertCache::load(const LoadJob & job) {
+    std::string err;
+    bool ok = true;
+    for (int32_t k = 0; k < cfg_.n_kinds && ok; ++k) {
+        const uint64_t nbytes = cfg_.kind_bytes[k];
+        const uint64_t offset = sources_[(size_t) job.layer * cfg_.n_kinds + k] + (uint64_t) job.expert * nbytes;
+        char * dst = static_cast<char *>(memory_[k]) + (uint64_t) job.slot * nbytes;
+        ok = link_->read(offset, nbytes, dst, err);
+    }
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (ok) {
+            dir_.set_state(job.slot, SlotState::Ready);
+        } else {
+            load_errors_[job.slot] = "loading expert " + std::to_string(job.expert) + " of layer " +
+                                     std::to_string(job.layer) + " failed: " + err;
+            dir_.clear(job.slot);
+        }
+    }
+    changed_.notify_all();
+}
+
+int32_t ExpertCache::acquire(int32_t il, const int32_t * experts, int32_t n, int64_t * slots,
+                             std::vector<int64_t> & pins, std::string & err) {
+    using clock = std::chrono::steady_clock;
+    if (il < 0 || il >= cfg_.n_layer) {
+        err = "layer " + std::to_string(il) + " is outside the cache's " + std::to_string(cfg_.n_layer) + " layers";
+        return -1;
+    }
+    const auto deadline = cfg_.wait_timeout_ms > 0 ? clock::now() + std::chrono::milliseconds(cfg_.wait_timeout_ms)
+                                                   : clock::time_point::max();
+    auto timed_out = [&](const char * what) {
+        err = "timed out after " + std::to_string(cfg_.wait_timeout_ms) + " ms waiting for " + what +
+              " at layer " + std::to_string(il);
+        return -1;
+    };
+
+    std::unique_lock<std::mutex> lock(mutex_);
+    Counters & lc = layer_counters_[il];
+    std::fill(used_.begin(), used_.end(), 0);
+    // first pin what is resident, so that loading the rest cannot evict it
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t e = experts[i];
+        if (e < 0 || e >= cfg_.n_expert) {
+            err = "expert id " + std::to_string(e) + " is outside [0, " + std::to_string(cfg_.n_expert) + ")";
+            return -1;
+        }
+        used_[e] = 1;
+        slots[i] = dir_.find(il, e);
+        if (slots[i] >= 0) {
+            lc.hits++;
+            dir_.pin(slots[i]);
+            dir_.touch(slots[i]);
+            pinned_++;
+            pins.push_back(slots[i]);
+        }
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        if (slots[i] >= 0) {
+            continue;
+        }
+        const int32_t e = experts[i];
+        int64_t s;
+        bool evicted = false;
+        while ((s = dir_.assign(il, e, il, &evicted)) < 0) {
+            if (pinned_ <= (int64_t) pins.size()) {
+                err = "the expert cache has " + std::to_string(cfg_.n_slots) + " slots but layer " +
+                      std::to_string(il) + " needs more than that at once: raise --expert-cache";
+                return -1;
+            }
+            if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+                return timed_out("a free slot");
+            }
+        }
+        uint64_t bytes = 0;
+        for (int32_t k = 0; k < cfg_.n_kinds; ++k) {
+            bytes += cfg_.kind_bytes[k];
+        }
+        lc.misses++;
+        lc.loads++;
+        lc.bytes_loaded += bytes;
+        lc.evictions += evicted ? 1 : 0;
+        queue_->push({s, il, e, 0});
+        dir_.pin(s);
+        dir_.touch(s);
+        pinned_++;
+        pins.push_back(s);
+        slots[i] = s;
+    }
+    dir_.visit(il, used_);
+
+    const auto t0 = clock::now();
+    bool waited = false;
+    for (int32_t i = 0; i < n; ++i) {
+        while (dir_.state(slots[i]) == SlotState::Loading) {
+            waited = true;
+            if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+                return timed_out("expert loads");
+            }
+        }
+        if (dir_.state(slots[i]) != SlotState::Ready) {
+            err = load_errors_[slots[i]];
+            return -1;
+        }
+    }
+    if (waited) {
+        lc.stall_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0).count();
+    }
+    return 0;
+}
+
+void ExpertCache::release(std::vector<int64_t> & pins) {
+    if (pins.empty()) {
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (int64_t s : pins) {
+            dir_.unpin(s);
+        }
+        pinned_ -= (int64_t) pins.size();
+    }
+    pins.clear();
+    changed_.notify_all();
+}
+
+Counters ExpertCache::counters(int32_t il) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (il >= 0) {
+        return il < cfg_.n_layer ? layer_counters_[il] : Counters{};
+    }
+    Counters total;
+    for (const auto & c : layer_counters_) {
+        total.hits += c.hits;
+        total.misses += c.misses;
+        total.loads += c.loads;
+        total.bytes_loaded += c.bytes_loaded;
+        total.evictions += c.evictions;
+        total.stall_ns += c.stall_ns;
+    }
+    return total;
+}
+
+void ExpertCache::reset_counters() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::fill(layer_counters_.begin(), layer_counters_.end(), Counters{});
+    queue_->reset_busy();
+}
+
+} // namespace bevy

@@ -1,0 +1,84 @@
+// ExpertCache: a byte budget of slots in fast memory, filled over a link by an upload queue.
+#pragma once
+
+#include "links.hpp"
+#include "slot_directory.hpp"
+#include "upload_queue.hpp"
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace bevy {
+
+constexpr int32_t kMaxKinds = 8;
+
+struct CacheConfig {
+    int32_t  n_layer         = 0;
+    int32_t  n_expert        = 0;
+    int32_t  n_kinds         = 0;
+    uint64_t kind_bytes[kMaxKinds] = {};
+    int64_t  n_slots         = 0;
+    Policy   policy          = Policy::NextUse;
+    int32_t  n_workers       = 1;
+    int32_t  wait_timeout_ms = 0;
+    uint64_t seed            = 0;
+};
+
+struct Counters {
+    uint64_t hits         = 0; // unique experts of a hook call found resident (or in flight)
+    uint64_t misses       = 0; // ... that had to be loaded
+    uint64_t loads        = 0;
+    uint64_t bytes_loaded = 0;
+    uint64_t evictions    = 0;
+    uint64_t stall_ns     = 0; // time hooks waited for loads
+};
+
+class ExpertCache {
+public:
+    ExpertCache(const CacheConfig & cfg, Link * link, std::string & err);
+    ~ExpertCache();
+
+    const CacheConfig & config() const { return cfg_; }
+    bool ok() const { return ok_; }
+
+    // expert e of kind k at layer il lies at offset + e * kind_bytes[k] in the slow tier
+    void  set_source(int32_t il, int32_t kind, uint64_t offset) { sources_[(size_t) il * cfg_.n_kinds + kind] = offset; }
+    void * slot_data(int32_t kind) const { return memory_[kind]; }
+
+    // Pin a slot for each of the n distinct experts of layer il (appending them to pins) and
+    // wait until all are loaded; slots[i] is experts[i]'s slot. Returns 0, or -1 with err.
+    int32_t acquire(int32_t il, const int32_t * experts, int32_t n, int64_t * slots,
+                    std::vector<int64_t> & pins, std::string & err);
+
+    // unpin (and clear) pins
+    void release(std::vector<int64_t> & pins);
+
+    Counters counters(int32_t il) const; // il < 0: all layers
+    uint64_t link_busy_ns() const { return queue_->busy_ns(); }
+    void     reset_counters();
+
+private:
+    void load(const LoadJob & job);
+
+    CacheConfig             cfg_;
+    Link *                  link_;
+    bool                    ok_ = false;
+    std::vector<void *>     memory_;   // per kind: n_slots * kind_bytes
+    std::vector<uint64_t>   sources_;  // per (layer, kind)
+
+    mutable std::mutex      mutex_;
+    std::condition_variable changed_;  // a slot became ready, failed, or was unpinned
+    SlotDirectory           dir_;
+    int64_t                 pinned_ = 0; // pins held in all
+    std::vector<Counters>   layer_counters_;
+    std::vector<uint8_t>    used_;       // scratch: experts used at this visit
+    std::vector<std::string> load_errors_; // per slot: why its load failed
+
+    std::unique_ptr<UploadQueue> queue_; // last: its workers stop before the rest goes away
+};
+
+} // namespace bevy

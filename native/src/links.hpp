@@ -1,0 +1,38 @@
+// Links: how expert bytes cross from the slow tier to slot memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace bevy {
+
+class Link {
+public:
+    virtual ~Link() = default;
+
+    // Copy [offset, offset + nbytes) of the slow tier into dst (host memory). Thread-safe.
+    // Returns false and sets err on failure.
+    virtual bool read(uint64_t offset, uint64_t nbytes, void * dst, std::string & err) = 0;
+
+    // One line for reports, e.g. "file (O_DIRECT)" or "emulated 200 MB/s over file (O_DIRECT)".
+    virtual std::string describe() const = 0;
+
+    virtual bool emulated() const { return false; }
+};
+
+// O_DIRECT preads of the GGUF through an aligned bounce buffer per thread; falls back to
+// buffered reads (and says so in describe()) where the file system refuses O_DIRECT.
+std::unique_ptr<Link> make_file_link(const std::string & path, std::string & err);
+
+// Serves the given ranges of path from an in-memory copy read once at construction.
+std::unique_ptr<Link> make_ram_link(const std::string & path,
+                                    const std::vector<std::pair<uint64_t, uint64_t>> & ranges,
+                                    std::string & err);
+
+// A token bucket over another link: transfers proceed at most at bytes_per_s in all.
+std::unique_ptr<Link> make_throttle_link(std::unique_ptr<Link> inner, double bytes_per_s);
+
+} // namespace bevy

@@ -1,0 +1,74 @@
+// SlotDirectory: which expert each slot of the pool holds, pins, and who to evict.
+//
+// Pure bookkeeping, no data and no locking (the caller holds the cache's mutex): the live
+// cache and the trace replay run the same code, so a replayed hit rate is the live one.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace bevy {
+
+enum class Policy : int32_t {
+    Lru     = 0, // reference: least recently used
+    NextUse = 1, // default: evict the expert whose estimated next use is furthest away
+    Random  = 2, // for stress tests
+};
+
+enum class SlotState : uint8_t { Empty, Loading, Ready };
+
+class SlotDirectory {
+public:
+    SlotDirectory(int32_t n_layer, int32_t n_expert, int64_t n_slots, Policy policy, uint64_t seed);
+
+    int32_t n_layer() const { return n_layer_; }
+    int32_t n_expert() const { return n_expert_; }
+    int64_t n_slots() const { return (int64_t) slots_.size(); }
+
+    // slot holding (il, e), or -1
+    int64_t find(int32_t il, int32_t e) const { return key_slot_[key(il, e)]; }
+
+    // A slot to reuse for (il, e): an empty one, else the policy's victim among the unpinned
+    // ready slots, seen from a request now at layer il_now. -1 when every slot is pinned or
+    // loading. The slot is unmapped from its old expert and mapped to (il, e), state Loading.
+    int64_t assign(int32_t il, int32_t e, int32_t il_now, bool * evicted);
+
+    void set_state(int64_t slot, SlotState s) { slots_[slot].state = s; }
+    SlotState state(int64_t slot) const { return slots_[slot].state; }
+
+    // forget the expert of a slot (a failed load)
+    void clear(int64_t slot);
+
+    void pin(int64_t slot) { slots_[slot].pins++; }
+    void unpin(int64_t slot) { slots_[slot].pins--; }
+    int32_t pins(int64_t slot) const { return slots_[slot].pins; }
+
+    // a use of slot by a request at its layer (LRU clock)
+    void touch(int64_t slot) { slots_[slot].last_use = ++clock_; }
+
+    // one visit of layer il that used the experts flagged in used[e] (next-use frequencies)
+    void visit(int32_t il, const std::vector<uint8_t> & used);
+
+private:
+    struct Slot {
+        int32_t   key      = -1;
+        int32_t   pins     = 0;
+        uint64_t  last_use = 0;
+        SlotState state    = SlotState::Empty;
+    };
+
+    int32_t key(int32_t il, int32_t e) const { return il * n_expert_ + e; }
+    double  next_use(int32_t k, int32_t il_now) const;
+
+    int32_t              n_layer_;
+    int32_t              n_expert_;
+    Policy               policy_;
+    std::vector<Slot>    slots_;
+    std::vector<int64_t> key_slot_;
+    std::vector<float>   freq_;  // per key: moving average of "used at a visit of its layer"
+    uint64_t             clock_ = 0;
+    std::mt19937_64      rng_;
+};
+
+} // namespace bevy

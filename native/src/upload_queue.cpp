@@ -1,0 +1,77 @@
+#include "upload_queue.hpp"
+
+namespace bevy {
+
+UploadQueue::UploadQueue(int32_t n_workers, Runner run) : run_(std::move(run)) {
+    for (int32_t i = 0; i < n_workers; ++i) {
+        workers_.emplace_back([this] { worker(); });
+    }
+}
+
+UploadQueue::~UploadQueue() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto & w : workers_) {
+        w.join();
+    }
+}
+
+void UploadQueue::push(const LoadJob & job) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        jobs_.push({job, order_++});
+    }
+    cv_.notify_one();
+}
+
+void UploadQueue::worker() {
+    using clock = std::chrono::steady_clock;
+    for (;;) {
+        LoadJob job;
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+            if (stop_) {
+                return; // pending jobs are dropped: the cache is going away
+            }
+            job = jobs_.top().job;
+            jobs_.pop();
+        }
+        {
+            std::lock_guard<std::mutex> lock(busy_mutex_);
+            if (active_++ == 0) {
+                busy_since_ = clock::now();
+            }
+        }
+        run_(job);
+        {
+            std::lock_guard<std::mutex> lock(busy_mutex_);
+            if (--active_ == 0) {
+                busy_ns_ += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - busy_since_).count();
+            }
+        }
+    }
+}
+
+uint64_t UploadQueue::busy_ns() const {
+    std::lock_guard<std::mutex> lock(busy_mutex_);
+    uint64_t ns = busy_ns_;
+    if (active_ > 0) {
+        ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now() - busy_since_).count();
+    }
+    return ns;
+}
+
+void UploadQueue::reset_busy() {
+    std::lock_guard<std::mutex> lock(busy_mutex_);
+    busy_ns_ = 0;
+    if (active_ > 0) {
+        busy_since_ = std::chrono::steady_clock::now();
+    }
+}
+
+} // namespace bevy

@@ -1,0 +1,65 @@
+// UploadQueue: worker threads that run load jobs, most urgent first.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <queue>
+#include <thread>
+#include <vector>
+
+namespace bevy {
+
+struct LoadJob {
+    int64_t slot;
+    int32_t layer;
+    int32_t expert;
+    int32_t priority; // 0 = a request waits for it; larger = less urgent
+};
+
+class UploadQueue {
+public:
+    using Runner = std::function<void(const LoadJob &)>;
+
+    UploadQueue(int32_t n_workers, Runner run);
+    ~UploadQueue(); // orderly: stop, wake, join
+
+    UploadQueue(const UploadQueue &)            = delete;
+    UploadQueue & operator=(const UploadQueue &) = delete;
+
+    void push(const LoadJob & job);
+
+    // nanoseconds during which at least one job was running
+    uint64_t busy_ns() const;
+    void     reset_busy();
+
+private:
+    struct Entry {
+        LoadJob  job;
+        uint64_t order;
+        bool operator<(const Entry & o) const { // priority_queue pops the largest
+            return job.priority != o.job.priority ? job.priority > o.job.priority : order > o.order;
+        }
+    };
+
+    void worker();
+
+    std::mutex                        mutex_;
+    std::condition_variable           cv_;
+    std::priority_queue<Entry>        jobs_;
+    uint64_t                          order_ = 0;
+    bool                              stop_  = false;
+    Runner                            run_;
+    std::vector<std::thread>          workers_;
+
+    // link busy time: [busy_since_, now) is open while active_ > 0
+    mutable std::mutex                       busy_mutex_;
+    int32_t                                  active_ = 0;
+    std::chrono::steady_clock::time_point    busy_since_{};
+    uint64_t                                 busy_ns_ = 0;
+};
+
+} // namespace bevy
