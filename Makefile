@@ -1,6 +1,6 @@
 # bevy-gguf: `make demo` and `make test` each set everything up on a fresh machine.
 #   make build   venv (.venv/), pinned llama.cpp source, stock + patched libllama, libbevy
-#   make demo    build, generate the default model, run it with --parallel 8
+#   make demo    build, generate the default model, run it with --parallel 8 (stock, then a 25% cache)
 #   make test    build, then the test suite
 # Knobs: JOBS=2 (compile jobs), CUDA=1 (ggml with CUDA), PYTHON=python3.
 
@@ -33,7 +33,9 @@ build: venv
 demo: build
 	$(BIN)/bevy-gguf make-model $(DEFAULT_MODEL)
 	$(BIN)/bevy-gguf run $(DEFAULT_MODEL) --engine stock --parallel 8 --workload text --requests 8
-	$(BIN)/bevy-gguf trace $(DEFAULT_MODEL) --workload text
+	$(BIN)/bevy-gguf run $(DEFAULT_MODEL) --scheduler blocking --expert-cache 25% --link file --parallel 8 \
+		--workload text --requests 8
+	$(BIN)/bevy-gguf trace $(DEFAULT_MODEL) --workload text --expert-cache 25%,75%
 
 test: build
 	$(BIN)/python -m pytest -q tests
