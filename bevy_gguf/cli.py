@@ -131,8 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--engine", choices=["bevy", "stock"], default="bevy",
                      help="bevy: patched llama.cpp, experts served from a bounded cache; "
                           "stock: unpatched llama.cpp, one context, --parallel sequences per batch")
-    run.add_argument("--scheduler", choices=["blocking"], default="blocking",
-                     help="blocking: one batched context, stalls on every miss (the stock behaviour)")
+    run.add_argument("--scheduler", choices=["bevy", "bevy-ctx", "prefetch", "blocking"], default="bevy",
+                     help="bevy/bevy-ctx: a context per request, runahead, lagging first; blocking: one batched "
+                          "context that stalls on every miss; prefetch: blocking + next-layer router prediction")
     run.add_argument("--expert-cache", default="25%", metavar="SIZE",
                      help="cache size: a percentage of the routed expert bytes (25%%) or a size (512MiB)")
     run.add_argument("--link", default="file", help="file (O_DIRECT from the GGUF), ram, or throttle:RATE[:file|ram]")

@@ -10,14 +10,13 @@ from bevy_gguf import native
 from bevy_gguf.engine.batched import BatchedRunner, RunStats
 from bevy_gguf.engine.expert_cache import ExpertCache, hit_rate
 from bevy_gguf.engine.request import Request
-from bevy_gguf.errors import BevyError
+from bevy_gguf.engine.schedulers import get_scheduler, make_runner
 from bevy_gguf.gguf_info import inspect_model
 from bevy_gguf.libs import use_libllama
 from bevy_gguf.llm import Model
 from bevy_gguf.offload import LinkSpec, parse_cache_size
 
 ENGINES = ("bevy", "stock")
-SCHEDULERS = ("blocking",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +60,10 @@ class RunResult:
                       "scheduler": self.cache["scheduler"], "expert_cache_bytes": self.cache["bytes"],
                       "expert_cache_slots": self.cache["slots"], "micro_batch": self.cache["micro_batch"],
                       "total": self.cache["total"]}
+            if c.get("prefetch_loads"):
+                tp, fp, fn = c["prefetch_hits"], c["prefetch_wasted"], c["prefetch_missed"]
+                stats |= {"prefetch_precision": round(tp / max(tp + fp, 1), 6),
+                          "prefetch_recall": round(tp / max(tp + fn, 1), 6)}
         return stats
 
 
@@ -78,8 +81,7 @@ def run_stock(model_path: Path, make_requests: Any, n_parallel: int, n_threads: 
 def run_bevy(model_path: Path, make_requests: Any, n_parallel: int, n_threads: int,
              offload: OffloadConfig) -> RunResult:
     """Decode with the patched llama.cpp, routed experts served from a bounded cache."""
-    if offload.scheduler not in SCHEDULERS:
-        raise BevyError(f"unknown scheduler {offload.scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
+    scheduler = get_scheduler(offload.scheduler)
     info = inspect_model(model_path)
     link = LinkSpec.parse(offload.link)
     budget = parse_cache_size(offload.expert_cache, info.expert_bytes)
@@ -89,10 +91,9 @@ def run_bevy(model_path: Path, make_requests: Any, n_parallel: int, n_threads: i
             info, budget, link, policy=offload.eviction, n_workers=offload.link_workers,
             wait_timeout_s=offload.wait_timeout_s) as cache:
         requests: list[Request] = make_requests(model)
-        limit = max(len(r.prompt_tokens) for r in requests) * n_parallel
-        micro_batch = cache.layout.micro_batch(cache.n_slots, limit)
-        runner = BatchedRunner(model, n_parallel, n_threads, on_context=cache.attach,
-                               micro_batch=micro_batch, counters=cache.counters)
+        limit = max(len(r.prompt_tokens) for r in requests)
+        runner, micro_batch = make_runner(scheduler, model, model_path, cache, min(n_parallel, len(requests)),
+                                          n_threads, limit)
         stats = runner.run(requests)
         texts = [model.detokenize(r.tokens) for r in requests]
         summary = {"scheduler": offload.scheduler, "link": cache.link_name, "bytes": cache.budget_bytes,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
+import numpy as np
 
 from bevy_gguf.errors import BevyError
 
@@ -99,3 +100,18 @@ def inspect_model(path: str | Path, require_experts: bool = True) -> ModelInfo:
         file_bytes=size,
         expert_tensors=tuple(experts),
     )
+
+
+def router_weights(path: str | Path) -> dict[int, np.ndarray]:
+    """Each MoE layer's router (ffn_gate_inp) as float32 [n_expert, n_embd]."""
+    import numpy as np
+
+    reader = gguf.GGUFReader(path)
+    out = {}
+    for t in reader.tensors:
+        m = re.match(r"^blk\.(\d+)\.ffn_gate_inp\.weight$", t.name)
+        if m:
+            data = gguf.quants.dequantize(t.data, t.tensor_type)
+            rows, cols = int(t.shape[1]), int(t.shape[0])
+            out[int(m.group(1))] = np.ascontiguousarray(data.reshape(rows, cols), dtype=np.float32)
+    return out

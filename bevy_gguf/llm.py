@@ -25,17 +25,22 @@ class ContextParams:
     n_threads: int
     n_ubatch: int | None = None  # tokens per graph evaluation (default: n_batch)
     kv_unified: bool = True
+    flash_attn_type: int = -1  # LLAMA_FLASH_ATTN_TYPE_*: -1 auto (llama.cpp's default), 0 off, 1 on
 
 
 class Model:
     """A loaded llama_model and its vocabulary."""
 
-    def __init__(self, llama_cpp: ModuleType, path: Path) -> None:
+    def __init__(self, llama_cpp: ModuleType, path: Path, ptr: int | None = None) -> None:
+        """Load path, or wrap ptr: a model someone else owns (and frees)."""
         self.lib = llama_cpp
-        params = llama_cpp.llama_model_default_params()
-        params.n_gpu_layers = 0
         self.path = path
-        self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        self.owned = ptr is None
+        if ptr is None:
+            params = llama_cpp.llama_model_default_params()
+            params.n_gpu_layers = 0
+            ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        self.ptr = ptr
         if not self.ptr:
             raise BevyError(f"llama.cpp could not load {path}: is it a complete GGUF of a supported architecture?")
         self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
@@ -63,9 +68,9 @@ class Model:
         return bool(self.lib.llama_vocab_is_eog(self.vocab, token))
 
     def close(self) -> None:
-        if self.ptr:
+        if self.ptr and self.owned:
             self.lib.llama_model_free(self.ptr)
-            self.ptr = None
+        self.ptr = None
 
     def __enter__(self) -> Model:
         return self
@@ -88,6 +93,7 @@ class Context:
         cp.n_threads = params.n_threads
         cp.n_threads_batch = params.n_threads
         cp.kv_unified = params.kv_unified
+        cp.flash_attn_type = params.flash_attn_type
         cp.no_perf = True
         self.params = params
         self.ptr = lib.llama_init_from_model(model.ptr, cp)
@@ -98,6 +104,7 @@ class Context:
         self.memory = lib.llama_get_memory(self.ptr)
         self.batch = lib.llama_batch_init(params.n_batch, 0, 1)
         self.explain_failure: Callable[[], str] | None = None  # set by whoever installs a hook
+        self.hook: int | None = None  # the libbevy hook serving this context, if any
 
     def decode(self, tokens: list[tuple[int, int, int, bool]]) -> list[int]:
         """Decode (token, pos, seq_id, wants_logits) rows as one batch; returns the output rows."""

@@ -62,6 +62,10 @@ class BevyCounters(ctypes.Structure):
         ("evictions", c_uint64),
         ("stall_ns", c_uint64),
         ("link_busy_ns", c_uint64),
+        ("prefetch_loads", c_uint64),
+        ("prefetch_hits", c_uint64),
+        ("prefetch_wasted", c_uint64),
+        ("prefetch_missed", c_uint64),
     ]
 
 
@@ -145,6 +149,9 @@ def libbevy() -> ctypes.CDLL:
     # int32_t bevy_cache_counters(const bevy_cache * cache, int32_t il, bevy_counters * out);
     lib.bevy_cache_counters.argtypes = [c_void_p, c_int32, POINTER(BevyCounters)]
     lib.bevy_cache_counters.restype = c_int32
+    # int64_t bevy_cache_pinned(const bevy_cache * cache);
+    lib.bevy_cache_pinned.argtypes = [c_void_p]
+    lib.bevy_cache_pinned.restype = c_int64
     # void bevy_cache_reset_counters(bevy_cache * cache);
     lib.bevy_cache_reset_counters.argtypes = [c_void_p]
     lib.bevy_cache_reset_counters.restype = None
@@ -160,6 +167,27 @@ def libbevy() -> ctypes.CDLL:
     # const char * bevy_hook_last_error(const bevy_hook * hook);
     lib.bevy_hook_last_error.argtypes = [c_void_p]
     lib.bevy_hook_last_error.restype = c_char_p
+    # bevy_gate * bevy_gate_new(int32_t capacity);
+    lib.bevy_gate_new.argtypes = [c_int32]
+    lib.bevy_gate_new.restype = c_void_p
+    # void bevy_gate_free(bevy_gate * gate);
+    lib.bevy_gate_free.argtypes = [c_void_p]
+    lib.bevy_gate_free.restype = None
+    # int32_t bevy_hook_set_gate(bevy_hook * hook, bevy_gate * gate);
+    lib.bevy_hook_set_gate.argtypes = [c_void_p, c_void_p]
+    lib.bevy_hook_set_gate.restype = c_int32
+    # void bevy_hook_begin(bevy_hook * hook, int64_t token);
+    lib.bevy_hook_begin.argtypes = [c_void_p, c_int64]
+    lib.bevy_hook_begin.restype = None
+    # void bevy_hook_end(bevy_hook * hook);
+    lib.bevy_hook_end.argtypes = [c_void_p]
+    lib.bevy_hook_end.restype = None
+    # int32_t bevy_cache_set_router(bevy_cache * cache, int32_t il, const float * weights, int32_t n_embd);
+    lib.bevy_cache_set_router.argtypes = [c_void_p, c_int32, POINTER(ctypes.c_float), c_int32]
+    lib.bevy_cache_set_router.restype = c_int32
+    # int32_t bevy_hook_set_prefetch(bevy_hook * hook, int32_t enable);
+    lib.bevy_hook_set_prefetch.argtypes = [c_void_p, c_int32]
+    lib.bevy_hook_set_prefetch.restype = c_int32
     # int64_t bevy_replay(int32_t policy, int32_t n_layer, int32_t n_expert, int64_t n_slots, uint64_t seed,
     #                     const int32_t * layers, const int64_t * offsets, const int32_t * experts, int64_t n_steps);
     lib.bevy_replay.argtypes = [c_int32, c_int32, c_int32, c_int64, c_uint64, POINTER(c_int32), POINTER(c_int64),

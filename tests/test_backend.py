@@ -41,7 +41,8 @@ def test_a_batch_that_cannot_fit_fails_with_a_clear_error(tmp_path: Path, qwen3_
 
 
 def workload_run(model: Path, *extra: str) -> dict:
-    return run_json("run", model, "--workload", "text", "--requests", "8", "-n", "24", "--parallel", "8", *extra)
+    return run_json("run", model, "--workload", "text", "--requests", "8", "-n", "24", "--parallel", "8",
+                    "--scheduler", "blocking", *extra)
 
 
 def test_blocking_equals_stock_batched(tiny_model: Path) -> None:
@@ -61,7 +62,7 @@ def test_blocking_equals_stock_batched(tiny_model: Path) -> None:
 def test_stress_random_eviction_many_short_sequences(qwen3_tiny: Path) -> None:
     rng = random.Random(7)
     prompts = ["".join(rng.choice("abcdefgh ,.0123456789äöü") for _ in range(rng.randint(1, 30))) for _ in range(16)]
-    args = [a for p in prompts for a in ("-p", p)] + ["--parallel", "4", "-n", "6"]
+    args = [a for p in prompts for a in ("-p", p)] + ["--parallel", "4", "-n", "6", "--scheduler", "blocking"]
     stock = run_json("run", qwen3_tiny, "--engine", "stock", *args)
     unsplit = run_json("run", qwen3_tiny, *args, "--expert-cache", "50%", "--eviction", "random",
                        "--wait-timeout", "30")
@@ -73,7 +74,7 @@ def test_stress_random_eviction_many_short_sequences(qwen3_tiny: Path) -> None:
 
 
 def test_counters_and_link_in_json(qwen3_tiny: Path) -> None:
-    doc = run_json("run", qwen3_tiny, "-p", "Hello", "-n", "8", "--expert-cache", "50%",
+    doc = run_json("run", qwen3_tiny, "-p", "Hello", "-n", "8", "--expert-cache", "50%", "--scheduler", "blocking",
                    "--link", "throttle:50MB/s:ram")
     s = doc["stats"]
     assert s["link"] == "emulated 50 MB/s over ram"
@@ -82,7 +83,8 @@ def test_counters_and_link_in_json(qwen3_tiny: Path) -> None:
 
 
 def test_text_output_prints_counters(qwen3_tiny: Path) -> None:
-    out = run_cli("run", qwen3_tiny, "-p", "Hi", "-n", "4", "--expert-cache", "25%", "--parallel", "1").stdout
+    out = run_cli("run", qwen3_tiny, "-p", "Hi", "-n", "4", "--expert-cache", "25%", "--parallel", "1",
+                  "--scheduler", "blocking").stdout
     assert "scheduler blocking, expert cache" in out and "link: file" in out
     assert out.count("\n") > 6 and "total" in out and "decode" in out
 

@@ -14,9 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from bevy_gguf.engine.request import Request
+from bevy_gguf.engine.request import MULTIBYTE_SLACK, Request
 from bevy_gguf.llm import Context, ContextParams, Model
 
 
@@ -42,23 +40,16 @@ class RunStats:
         return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
 
-def greedy(logits: np.ndarray) -> tuple[int, float]:
-    """(argmax, top-1 minus top-2 logit)."""
-    top2 = np.argpartition(logits, -2)[-2:]
-    a, b = sorted(top2, key=lambda i: (-logits[i], i))
-    return int(a), float(logits[a] - logits[b])
-
-
 def context_params(requests: list[Request], n_parallel: int, n_threads: int,
-                   micro_batch: int | None = None) -> ContextParams:
+                   micro_batch: int | None = None, flash_attn_type: int = -1) -> ContextParams:
     """A context that fits any n_parallel of the requests at once; graphs of at most
     micro_batch tokens (None: a whole batch per graph)."""
-    longest = max(len(r.prompt_tokens) + r.n_steps + 1 for r in requests)
+    longest = max(len(r.prompt_tokens) + r.n_steps + 1 + MULTIBYTE_SLACK for r in requests)
     prompts = sorted((len(r.prompt_tokens) for r in requests), reverse=True)
     n_batch = max(sum(prompts[:n_parallel]), n_parallel, 32)
     n_ubatch = min(micro_batch, n_batch) if micro_batch else None
     return ContextParams(n_ctx=n_parallel * longest, n_batch=n_batch, n_seq_max=n_parallel, n_threads=n_threads,
-                         n_ubatch=n_ubatch)
+                         n_ubatch=n_ubatch, flash_attn_type=flash_attn_type)
 
 
 class BatchedRunner:
@@ -66,19 +57,20 @@ class BatchedRunner:
 
     def __init__(self, model: Model, n_parallel: int, n_threads: int = 2,
                  on_context: Callable[[Context], None] | None = None, micro_batch: int | None = None,
-                 counters: Callable[[], dict[str, float]] | None = None) -> None:
+                 counters: Callable[[], dict[str, float]] | None = None, flash_attn_type: int = -1) -> None:
         self.model = model
         self.n_parallel = n_parallel
         self.n_threads = n_threads
         self.on_context = on_context  # e.g. installs a MoE hook on the new context
         self.micro_batch = micro_batch  # tokens per graph (an expert cache bounds it)
         self.counters = counters  # e.g. the expert cache's: summed over decode calls
+        self.flash_attn_type = flash_attn_type
 
     def run(self, requests: list[Request]) -> RunStats:
         stats = RunStats()
         if not requests:
             return stats
-        params = context_params(requests, self.n_parallel, self.n_threads, self.micro_batch)
+        params = context_params(requests, self.n_parallel, self.n_threads, self.micro_batch, self.flash_attn_type)
         with Context(self.model, params) as ctx:
             if self.on_context:
                 self.on_context(ctx)
@@ -127,8 +119,8 @@ class BatchedRunner:
         outputs = ctx.decode(batch)
         for row in outputs:
             req = requests[rows[row][0]]
-            token, margin = greedy(ctx.logits(row))
-            req.record(token, margin, self.model.is_eog(token))
+            token, margin = req.choose(ctx, row)
+            req.record(token, margin, self.model.is_eog(token), self.model.piece(token))
 
     def _retire(self, ctx: Context, requests: list[Request], running: list[int], free: list[int]) -> list[int]:
         """Free the sequences of finished requests (their KV cells and sequence ids)."""

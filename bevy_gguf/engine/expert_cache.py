@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from bevy_gguf import native
 from bevy_gguf.errors import BevyError
-from bevy_gguf.gguf_info import ModelInfo
+from bevy_gguf.gguf_info import ModelInfo, router_weights
 from bevy_gguf.llm import Context
 from bevy_gguf.offload import LinkSpec
 
@@ -46,15 +46,19 @@ class CacheLayout:
         return cls(kinds, tuple(kind_bytes[k] for k in kinds), sources, info.n_layer, info.n_expert,
                    info.n_expert_used)
 
-    def min_slots(self, tokens: int = 1) -> int:
-        """Slots one context pins at once for a micro-batch of `tokens` tokens (its layer's union)."""
-        return min(self.n_expert, self.top_k * tokens)
+    def min_slots(self, tokens: int = 1, contexts: int = 1) -> int:
+        """Slots that `contexts` contexts pin at once, each computing a micro-batch of `tokens`
+        tokens (each pins its layer's union)."""
+        return contexts * min(self.n_expert, self.top_k * tokens)
 
-    def micro_batch(self, n_slots: int, limit: int) -> int:
-        """The largest micro-batch (tokens per ubatch, at most limit) whose worst-case union fits."""
-        if n_slots >= self.n_expert:
+    def micro_batch(self, n_slots: int, limit: int, contexts: int = 1) -> int:
+        """The largest micro-batch (tokens per ubatch, at most limit) such that the worst-case
+        unions of `contexts` contexts fit in n_slots together: no context can then wait for a
+        slot that another holds."""
+        share = n_slots // contexts
+        if share >= self.n_expert:
             return limit
-        return max(1, min(limit, n_slots // self.top_k))
+        return max(1, min(limit, share // self.top_k))
 
 
 class ExpertCache:
@@ -114,13 +118,34 @@ class ExpertCache:
         self.lib.bevy_link_describe(self.link_ptr, buf, len(buf))
         return buf.value.decode()
 
-    def attach(self, ctx: Context) -> None:
-        """Serve ctx's expert matmuls from this cache (a hook of its own, the shared slots)."""
+    def require_slots(self, contexts: int) -> None:
+        """Refuse a cache too small for `contexts` contexts decoding one token each."""
+        need = self.layout.min_slots(1, contexts)
+        if self.n_slots < need:
+            raise BevyError(f"an expert cache of {self.budget_bytes} bytes holds {self.n_slots} experts; "
+                            f"{contexts} contexts need at least {need} ({need * self.layout.slot_bytes} bytes): "
+                            "raise --expert-cache or lower --parallel")
+
+    def enable_prefetch(self, model_path: str) -> None:
+        """Give the cache every layer's router, for next-layer prediction."""
+        for il, w in router_weights(model_path).items():
+            if w.shape[0] != self.layout.n_expert:
+                raise BevyError(f"layer {il}'s router has {w.shape[0]} rows, the model {self.layout.n_expert} experts")
+            self.lib.bevy_cache_set_router(self.ptr, il, w.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), w.shape[1])
+
+    def attach(self, ctx: Context, prefetch: bool = False, gate: int | None = None) -> int:
+        """Serve ctx's expert matmuls from this cache (a hook of its own, the shared slots);
+        returns the hook. prefetch: predict and load the next layer's experts; gate: a
+        compute gate shared by runahead contexts."""
         hook = self.lib.bevy_hook_new(self.ptr)
         if not hook:
             raise BevyError(f"cannot create a cache hook: {native.last_error()}")
         self.hooks.append(hook)
-        native.llama_set_moe_hook(ctx.lib, ctx.ptr, native.hook_address(self.lib.bevy_hook_fn), hook)
+        self.lib.bevy_hook_set_prefetch(hook, int(prefetch))
+        if gate is not None:
+            self.lib.bevy_hook_set_gate(hook, gate)
+        native.llama_set_moe_hook(ctx.lib, ctx.ptr, native.hook_address(self.lib.bevy_hook_fn), hook,
+                                  want_router_in=prefetch)
         tensors = (native.LlamaMoeCacheTensor * len(self.layout.kinds))()
         for i, (kind, nbytes) in enumerate(zip(self.layout.kinds, self.layout.kind_bytes)):
             tensors[i].kind = kind.encode()
@@ -129,9 +154,11 @@ class ExpertCache:
         if native.llama_set_moe_cache(ctx.lib, ctx.ptr, tensors, self.n_slots) != 0:
             raise BevyError("llama.cpp refused the expert cache for this model (its log says why)")
         ctx.explain_failure = lambda: (self.lib.bevy_hook_last_error(hook) or b"").decode(errors="replace")
+        return hook
 
     def counters(self, il: int = -1) -> dict[str, int]:
-        """hits, misses, loads, bytes_loaded, evictions, stall_ns, link_busy_ns (of layer il, or all)."""
+        """hits, misses, loads, bytes_loaded, evictions, stall_ns, link_busy_ns and the prefetch
+        counts (of layer il, or of all)."""
         c = native.BevyCounters()
         self.lib.bevy_cache_counters(self.ptr, il, ctypes.byref(c))
         return {f: getattr(c, f) for f, _ in native.BevyCounters._fields_}
@@ -139,11 +166,15 @@ class ExpertCache:
     def reset_counters(self) -> None:
         self.lib.bevy_cache_reset_counters(self.ptr)
 
-    def close(self) -> None:
-        """Free the hooks (their contexts must be gone), the cache, then the link."""
+    def release_hooks(self) -> None:
+        """Free the hooks (their contexts must be gone)."""
         for hook in self.hooks:
             self.lib.bevy_hook_free(hook)
         self.hooks.clear()
+
+    def close(self) -> None:
+        """Free the hooks (their contexts must be gone), the cache, then the link."""
+        self.release_hooks()
         if self.ptr:
             self.lib.bevy_cache_free(self.ptr)
             self.lib.bevy_link_free(self.link_ptr)

@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from bevy_gguf.sampling import Sampler, greedy
+
+if TYPE_CHECKING:
+    from bevy_gguf.llm import Context
+
+
+MULTIBYTE_SLACK = 32  # tokens a completion may run past max_tokens while its text ends inside a UTF-8 character
 
 
 @dataclass(slots=True)
@@ -23,6 +32,13 @@ class Request:
     finished: bool = False
     seq: int = -1
     ttft_s: float | None = None
+    error: str | None = None  # why this request failed (it fails alone)
+    sampler: Sampler | None = None  # None: greedy
+    stop: tuple[str, ...] = ()      # stop strings: generation ends when the text contains one
+    finish_reason: str | None = None  # "length", "stop" or "error"
+    text_bytes: bytearray = field(default_factory=bytearray)  # bytes of the generated tokens
+    utf8_complete: bool = False  # llama-cpp-python's rule: finish no token inside a UTF-8 character
+    multibyte_fix: int = 0  # tokens still to take before checks (an incomplete UTF-8 character)
 
     @property
     def n_past(self) -> int:
@@ -45,9 +61,46 @@ class Request:
             return self.forced[self.n_decoded]
         return self.tokens[-1]
 
-    def record(self, token: int, margin: float, is_eog: bool) -> None:
-        """Take one output (prediction and margin); finish when the request is done."""
+    def record(self, token: int, margin: float, is_eog: bool, piece: bytes = b"") -> None:
+        """Take one output (prediction and margin); finish when the request is done.
+
+        Generation ends at end of generation, at a stop string, or at max_tokens. With
+        utf8_complete (as llama-cpp-python's create_completion), a token ending inside a
+        multi-byte UTF-8 character defers both checks (we stop deferring MULTIBYTE_SLACK tokens
+        past max_tokens).
+        """
         self.tokens.append(token)
         self.margins.append(margin)
-        if self.n_decoded >= self.n_steps or (self.forced is None and is_eog):
-            self.finished = True
+        if self.forced is not None:
+            if self.n_decoded >= self.n_steps:
+                self.finished, self.finish_reason = True, "length"
+            return
+        if is_eog:
+            self.finished, self.finish_reason = True, "stop"
+            return
+        self.text_bytes += piece
+        tail = self.text_bytes[-3:] if self.utf8_complete else b""
+        for k, char in enumerate(tail):
+            k = 3 - k
+            for num, pattern in ((2, 192), (3, 224), (4, 240)):
+                if num > k and pattern & char == pattern:
+                    self.multibyte_fix = num - k
+        if self.multibyte_fix > 0:
+            self.multibyte_fix -= 1
+            if len(self.tokens) < self.max_tokens + MULTIBYTE_SLACK:
+                return
+        elif any(s.encode() in self.text_bytes for s in self.stop):
+            self.finished, self.finish_reason = True, "stop"
+            return
+        if len(self.tokens) >= self.max_tokens:
+            self.finished, self.finish_reason = True, "length"
+
+    def fail(self, why: str) -> None:
+        self.error, self.finished, self.finish_reason = why, True, "error"
+
+    def choose(self, ctx: Context, row: int) -> tuple[int, float]:
+        """The next token from batch row `row` (greedy or sampled) and the greedy margin."""
+        token, margin = greedy(ctx.logits(row))
+        if self.sampler is not None:
+            token = self.sampler.sample(ctx.ptr, row)
+        return token, margin

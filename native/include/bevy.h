@@ -121,6 +121,10 @@ typedef struct bevy_counters {
     uint64_t evictions;
     uint64_t stall_ns;      // time hooks waited for loads
     uint64_t link_busy_ns;  // time at least one load was in flight (totals only)
+    uint64_t prefetch_loads;  // loads issued on a prediction (also in loads, bytes_loaded)
+    uint64_t prefetch_hits;   // predicted experts the layer then selected
+    uint64_t prefetch_wasted; // predicted experts it did not select
+    uint64_t prefetch_missed; // selected experts that were not predicted
 } bevy_counters;
 
 typedef struct bevy_cache bevy_cache;
@@ -135,6 +139,8 @@ BEVY_API void *       bevy_cache_slot_data(bevy_cache * cache, int32_t kind);
 // il = -1: totals
 BEVY_API int32_t      bevy_cache_counters(const bevy_cache * cache, int32_t il, bevy_counters * out);
 BEVY_API void         bevy_cache_reset_counters(bevy_cache * cache);
+// slots pinned right now (0 when no graph is running)
+BEVY_API int64_t      bevy_cache_pinned(const bevy_cache * cache);
 
 //
 // The cache hook of one llama context: install with
@@ -151,6 +157,32 @@ BEVY_API void          bevy_hook_free(bevy_hook * hook);
 BEVY_API int32_t       bevy_hook_fn(void * hook, const bevy_moe_call * call);
 // why the last call of this hook failed ("" if it did not)
 BEVY_API const char *  bevy_hook_last_error(const bevy_hook * hook);
+
+//
+// Runahead: contexts on their own threads, each with its hook, share a compute gate. A hook
+// leaves the gate while it waits for experts and re-enters to compute; among the contexts
+// waiting to compute, the most lagging (smallest token, then layer) goes first.
+//
+
+typedef struct bevy_gate bevy_gate;
+
+BEVY_API bevy_gate * bevy_gate_new(int32_t capacity);  // contexts computing at once
+BEVY_API void        bevy_gate_free(bevy_gate * gate);  // after the hooks that use it
+BEVY_API int32_t     bevy_hook_set_gate(bevy_hook * hook, bevy_gate * gate);
+// before each llama_decode of the hook's context: its progress (the token it decodes), and
+// entering the gate; bevy_hook_end after the decode (idempotent: graph done leaves too)
+BEVY_API void        bevy_hook_begin(bevy_hook * hook, int64_t token);
+BEVY_API void        bevy_hook_end(bevy_hook * hook);
+
+//
+// Prefetch (the predictive baseline): at layer il the hook applies layer il+1's router to
+// layer il's router input (install the hook with want_router_in = true) and loads the
+// predicted experts behind the demand loads, into the same cache.
+//
+
+// layer il's router weights [n_expert][n_embd] (copied)
+BEVY_API int32_t bevy_cache_set_router(bevy_cache * cache, int32_t il, const float * weights, int32_t n_embd);
+BEVY_API int32_t bevy_hook_set_prefetch(bevy_hook * hook, int32_t enable);
 
 //
 // Replay: the hit count of a policy on a recorded access sequence, with the live cache's code.

@@ -1,10 +1,12 @@
 // The C API of libbevy (include/bevy.h): handles around the C++ core; no exception crosses it.
 #include "bevy.h"
 
+#include "compute_gate.hpp"
 #include "expert_cache.hpp"
 #include "links.hpp"
 #include "slot_directory.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -20,13 +22,35 @@ struct bevy_cache {
     std::unique_ptr<bevy::ExpertCache> cache;
 };
 
+struct bevy_gate {
+    bevy::ComputeGate gate;
+};
+
 struct bevy_hook {
     bevy::ExpertCache *  cache;
-    std::vector<int64_t> pins;      // slots of the layer the context computes now
-    std::vector<int32_t> distinct;  // scratch: distinct experts of a call
-    std::vector<int64_t> slots;     // scratch: their slots
-    std::vector<int64_t> slot_of;   // scratch: expert -> slot for this call
+    int32_t              id;              // registration in the cache (its position steers eviction)
+    std::vector<int64_t> pins;            // slots of the layer the context computes now
+    std::vector<int32_t> distinct;        // scratch: distinct experts of a call
+    std::vector<int64_t> slots;           // scratch: their slots
+    std::vector<int64_t> slot_of;         // scratch: expert -> slot for this call
     std::string          error;
+
+    bevy::ComputeGate *  gate    = nullptr; // runahead: bounded, lagging-first compute
+    bool                 holding = false;
+    int64_t              token   = 0;       // the token this context decodes (its progress)
+
+    bool                 prefetch = false;  // predict layer il + 1 from layer il's router input
+    std::vector<int32_t> predicted;         // experts predicted for predicted_il
+    int32_t              predicted_il = -1;
+    std::vector<float>   scores;            // scratch: router logits
+    std::vector<uint8_t> mark;              // scratch: expert flags
+
+    void leave_gate() {
+        if (holding) {
+            gate->leave();
+            holding = false;
+        }
+    }
 };
 
 namespace {
@@ -121,7 +145,7 @@ int32_t bevy_link_emulated(const bevy_link * link) {
 bevy_cache_params bevy_cache_default_params(void) {
     bevy_cache_params p = {};
     p.policy          = BEVY_POLICY_NEXT_USE;
-    p.n_workers       = 1;
+    p.n_workers       = 2;
     p.wait_timeout_ms = 0;
     return p;
 }
@@ -188,8 +212,16 @@ int32_t bevy_cache_counters(const bevy_cache * cache, int32_t il, bevy_counters 
     out->bytes_loaded = c.bytes_loaded;
     out->evictions    = c.evictions;
     out->stall_ns     = c.stall_ns;
+    out->prefetch_loads  = c.prefetch_loads;
+    out->prefetch_hits   = c.prefetch_hits;
+    out->prefetch_wasted = c.prefetch_wasted;
+    out->prefetch_missed = c.prefetch_missed;
     out->link_busy_ns = il < 0 ? cache->cache->link_busy_ns() : 0;
     return 0;
+}
+
+int64_t bevy_cache_pinned(const bevy_cache * cache) {
+    return cache->cache->pinned();
 }
 
 void bevy_cache_reset_counters(bevy_cache * cache) {
@@ -204,14 +236,18 @@ bevy_hook * bevy_hook_new(bevy_cache * cache) {
     return guarded([&]() -> bevy_hook * {
         auto * hook  = new bevy_hook{};
         hook->cache  = cache->cache.get();
+        hook->id     = hook->cache->register_context();
         hook->slot_of.assign(cache->cache->config().n_expert, -1);
+        hook->mark.assign(cache->cache->config().n_expert, 0);
         return hook;
     }, nullptr);
 }
 
 void bevy_hook_free(bevy_hook * hook) {
     if (hook) {
+        hook->leave_gate();
         hook->cache->release(hook->pins);
+        hook->cache->unregister_context(hook->id);
         delete hook;
     }
 }
@@ -220,10 +256,74 @@ const char * bevy_hook_last_error(const bevy_hook * hook) {
     return hook->error.c_str();
 }
 
+namespace {
+
+// experts of layer il + 1 predicted by its router applied to layer il's router input
+void predict_next(bevy_hook * hook, const bevy_moe_call * call) {
+    hook->predicted.clear();
+    hook->predicted_il = -1;
+    int32_t n_embd = 0;
+    const float * w = hook->cache->router(call->il + 1, &n_embd);
+    if (!w || !call->router_in || call->n_embd != n_embd) {
+        return;
+    }
+    const int32_t n_expert = (int32_t) hook->mark.size();
+    const int32_t k        = std::min(call->n_expert_used, n_expert);
+    hook->scores.resize(n_expert);
+    std::vector<int32_t> order(n_expert);
+    for (int32_t t = 0; t < call->n_tokens; ++t) {
+        const float * x = call->router_in + t * call->router_in_stride;
+        for (int32_t e = 0; e < n_expert; ++e) {
+            const float * row = w + (size_t) e * n_embd;
+            float acc = 0.0f;
+            for (int32_t d = 0; d < n_embd; ++d) {
+                acc += row[d] * x[d];
+            }
+            hook->scores[e] = acc;
+        }
+        for (int32_t e = 0; e < n_expert; ++e) {
+            order[e] = e;
+        }
+        std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                          [&](int32_t a, int32_t b) { return hook->scores[a] > hook->scores[b]; });
+        for (int32_t j = 0; j < k; ++j) {
+            if (!hook->mark[order[j]]) {
+                hook->mark[order[j]] = 1;
+                hook->predicted.push_back(order[j]);
+            }
+        }
+    }
+    for (int32_t e : hook->predicted) {
+        hook->mark[e] = 0;
+    }
+    hook->predicted_il = call->il + 1;
+}
+
+// how the prediction for this layer compares with what it selected
+void score_prediction(bevy_hook * hook, int32_t il) {
+    if (hook->predicted_il != il) {
+        return;
+    }
+    for (int32_t e : hook->distinct) {
+        hook->mark[e] = 1;
+    }
+    uint64_t hits = 0;
+    for (int32_t e : hook->predicted) {
+        hits += hook->mark[e];
+    }
+    for (int32_t e : hook->distinct) {
+        hook->mark[e] = 0;
+    }
+    hook->cache->score_prediction(il, hits, hook->predicted.size() - hits, hook->distinct.size() - hits);
+}
+
+} // namespace
+
 int32_t bevy_hook_fn(void * user_data, const bevy_moe_call * call) {
     auto * hook = static_cast<bevy_hook *>(user_data);
     return guarded([&]() -> int32_t {
         hook->cache->release(hook->pins); // the previous layer's matmuls are done
+        hook->leave_gate();               // and this context may have to wait now
         if (call->il < 0) {
             return 0; // graph done
         }
@@ -247,9 +347,20 @@ int32_t bevy_hook_fn(void * user_data, const bevy_moe_call * call) {
                 }
             }
         }
+        if (hook->prefetch) {
+            score_prediction(hook, call->il);
+            predict_next(hook, call);
+        }
+        bevy::AcquireRequest req;
+        req.il         = call->il;
+        req.experts    = hook->distinct.data();
+        req.n          = (int32_t) hook->distinct.size();
+        req.priority   = bevy::gate_key(hook->token, call->il, hook->id);
+        req.context    = hook->id;
+        req.prefetch   = hook->predicted_il == call->il + 1 ? hook->predicted.data() : nullptr;
+        req.n_prefetch = hook->predicted_il == call->il + 1 ? (int32_t) hook->predicted.size() : 0;
         hook->slots.resize(hook->distinct.size());
-        const int32_t rc = hook->cache->acquire(call->il, hook->distinct.data(), (int32_t) hook->distinct.size(),
-                                                hook->slots.data(), hook->pins, hook->error);
+        const int32_t rc = hook->cache->acquire(req, hook->slots.data(), hook->pins, hook->error);
         for (size_t i = 0; i < hook->distinct.size(); ++i) {
             hook->slot_of[hook->distinct[i]] = rc == 0 ? hook->slots[i] : -1;
         }
@@ -264,7 +375,60 @@ int32_t bevy_hook_fn(void * user_data, const bevy_moe_call * call) {
         for (int32_t e : hook->distinct) {
             hook->slot_of[e] = -1;
         }
+        if (rc == 0 && hook->gate) {
+            hook->gate->enter(bevy::gate_key(hook->token, call->il, hook->id));
+            hook->holding = true;
+        }
         return rc;
+    }, -1);
+}
+
+bevy_gate * bevy_gate_new(int32_t capacity) {
+    if (capacity <= 0) {
+        g_error = "a compute gate needs a positive capacity";
+        return nullptr;
+    }
+    return guarded([&]() -> bevy_gate * { return new bevy_gate{bevy::ComputeGate(capacity)}; }, nullptr);
+}
+
+void bevy_gate_free(bevy_gate * gate) {
+    delete gate;
+}
+
+int32_t bevy_hook_set_gate(bevy_hook * hook, bevy_gate * gate) {
+    hook->leave_gate();
+    hook->gate = gate ? &gate->gate : nullptr;
+    return 0;
+}
+
+void bevy_hook_begin(bevy_hook * hook, int64_t token) {
+    hook->token = token;
+    if (hook->gate && !hook->holding) {
+        hook->gate->enter(bevy::gate_key(token, -1, hook->id));
+        hook->holding = true;
+    }
+}
+
+void bevy_hook_end(bevy_hook * hook) {
+    hook->leave_gate();
+}
+
+int32_t bevy_hook_set_prefetch(bevy_hook * hook, int32_t enable) {
+    hook->prefetch = enable != 0;
+    hook->predicted.clear();
+    hook->predicted_il = -1;
+    return 0;
+}
+
+int32_t bevy_cache_set_router(bevy_cache * cache, int32_t il, const float * weights, int32_t n_embd) {
+    const auto & cfg = cache->cache->config();
+    if (il < 0 || il >= cfg.n_layer || !weights || n_embd <= 0) {
+        g_error = "bevy_cache_set_router: bad layer, weights or width";
+        return -1;
+    }
+    return guarded([&]() -> int32_t {
+        cache->cache->set_router(il, weights, n_embd);
+        return 0;
     }, -1);
 }
 
@@ -282,6 +446,7 @@ int64_t bevy_replay(int32_t policy, int32_t n_layer, int32_t n_expert, int64_t n
             pinned.clear();
             std::fill(used.begin(), used.end(), 0);
             const int32_t il = layers[i];
+            const std::vector<int32_t> now = { il };
             // as the live cache: pin the resident experts first, then load the rest
             for (int64_t j = offsets[i]; j < offsets[i + 1]; ++j) {
                 used[experts[j]] = 1;
@@ -298,7 +463,7 @@ int64_t bevy_replay(int32_t policy, int32_t n_layer, int32_t n_expert, int64_t n
                     continue;
                 }
                 bool evicted = false;
-                const int64_t s = dir.assign(il, experts[j], il, &evicted);
+                const int64_t s = dir.assign(il, experts[j], now, &evicted);
                 if (s < 0) {
                     g_error = "a step needs more experts than the cache has slots";
                     return -1;

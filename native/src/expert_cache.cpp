@@ -62,9 +62,49 @@ void ExpertCache::load(const LoadJob & job) {
     changed_.notify_all();
 }
 
-int32_t ExpertCache::acquire(int32_t il, const int32_t * experts, int32_t n, int64_t * slots,
-                             std::vector<int64_t> & pins, std::string & err) {
+int32_t ExpertCache::register_context() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    positions_.push_back(-1);
+    return (int32_t) positions_.size() - 1;
+}
+
+void ExpertCache::unregister_context(int32_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (id >= 0 && id < (int32_t) positions_.size()) {
+        positions_[id] = -1;
+    }
+}
+
+void ExpertCache::set_router(int32_t il, const float * w, int32_t n_embd) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    routers_.resize(cfg_.n_layer);
+    routers_[il].assign(w, w + (size_t) cfg_.n_expert * n_embd);
+    router_n_embd_ = n_embd;
+}
+
+const float * ExpertCache::router(int32_t il, int32_t * n_embd) const {
+    // written before any decode, read-only afterwards
+    if (il < 0 || il >= (int32_t) routers_.size() || routers_[il].empty()) {
+        return nullptr;
+    }
+    *n_embd = router_n_embd_;
+    return routers_[il].data();
+}
+
+void ExpertCache::score_prediction(int32_t il, uint64_t hits, uint64_t wasted, uint64_t missed) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Counters & lc = layer_counters_[il];
+    lc.prefetch_hits += hits;
+    lc.prefetch_wasted += wasted;
+    lc.prefetch_missed += missed;
+}
+
+int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::vector<int64_t> & pins,
+                             std::string & err) {
     using clock = std::chrono::steady_clock;
+    const int32_t il = req.il;
+    const int32_t * experts = req.experts;
+    const int32_t n = req.n;
     if (il < 0 || il >= cfg_.n_layer) {
         err = "layer " + std::to_string(il) + " is outside the cache's " + std::to_string(cfg_.n_layer) + " layers";
         return -1;
@@ -79,6 +119,15 @@ int32_t ExpertCache::acquire(int32_t il, const int32_t * experts, int32_t n, int
 
     std::unique_lock<std::mutex> lock(mutex_);
     Counters & lc = layer_counters_[il];
+    if (req.context >= 0 && req.context < (int32_t) positions_.size()) {
+        positions_[req.context] = il;
+    }
+    const std::vector<int32_t> single = { il };
+    const std::vector<int32_t> & now = positions_.empty() ? single : positions_;
+    uint64_t slot_bytes = 0;
+    for (int32_t k = 0; k < cfg_.n_kinds; ++k) {
+        slot_bytes += cfg_.kind_bytes[k];
+    }
     std::fill(used_.begin(), used_.end(), 0);
     // first pin what is resident, so that loading the rest cannot evict it
     for (int32_t i = 0; i < n; ++i) {
@@ -104,7 +153,7 @@ int32_t ExpertCache::acquire(int32_t il, const int32_t * experts, int32_t n, int
         const int32_t e = experts[i];
         int64_t s;
         bool evicted = false;
-        while ((s = dir_.assign(il, e, il, &evicted)) < 0) {
+        while ((s = dir_.assign(il, e, now, &evicted)) < 0) {
             if (pinned_ <= (int64_t) pins.size()) {
                 err = "the expert cache has " + std::to_string(cfg_.n_slots) + " slots but layer " +
                       std::to_string(il) + " needs more than that at once: raise --expert-cache";
@@ -114,15 +163,11 @@ int32_t ExpertCache::acquire(int32_t il, const int32_t * experts, int32_t n, int
                 return timed_out("a free slot");
             }
         }
-        uint64_t bytes = 0;
-        for (int32_t k = 0; k < cfg_.n_kinds; ++k) {
-            bytes += cfg_.kind_bytes[k];
-        }
         lc.misses++;
         lc.loads++;
-        lc.bytes_loaded += bytes;
+        lc.bytes_loaded += slot_bytes;
         lc.evictions += evicted ? 1 : 0;
-        queue_->push({s, il, e, 0});
+        queue_->push({s, il, e, req.priority});
         dir_.pin(s);
         dir_.touch(s);
         pinned_++;
@@ -130,6 +175,27 @@ int32_t ExpertCache::acquire(int32_t il, const int32_t * experts, int32_t n, int
         slots[i] = s;
     }
     dir_.visit(il, used_);
+
+    // prefetch: load predicted experts of the next layer behind every demand load, never waiting
+    // for them and never evicting a pinned slot
+    const int32_t il_next = il + 1;
+    for (int32_t i = 0; i < req.n_prefetch && il_next < cfg_.n_layer; ++i) {
+        const int32_t e = req.prefetch[i];
+        if (e < 0 || e >= cfg_.n_expert || dir_.find(il_next, e) >= 0) {
+            continue;
+        }
+        bool evicted = false;
+        const int64_t s = dir_.assign(il_next, e, now, &evicted);
+        if (s < 0) {
+            break;
+        }
+        Counters & nc = layer_counters_[il_next];
+        nc.loads++;
+        nc.prefetch_loads++;
+        nc.bytes_loaded += slot_bytes;
+        nc.evictions += evicted ? 1 : 0;
+        queue_->push({s, il_next, e, (1ull << 62) | req.priority});
+    }
 
     const auto t0 = clock::now();
     bool waited = false;
@@ -179,6 +245,10 @@ Counters ExpertCache::counters(int32_t il) const {
         total.bytes_loaded += c.bytes_loaded;
         total.evictions += c.evictions;
         total.stall_ns += c.stall_ns;
+        total.prefetch_loads += c.prefetch_loads;
+        total.prefetch_hits += c.prefetch_hits;
+        total.prefetch_wasted += c.prefetch_wasted;
+        total.prefetch_missed += c.prefetch_missed;
     }
     return total;
 }

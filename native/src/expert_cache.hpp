@@ -35,6 +35,21 @@ struct Counters {
     uint64_t bytes_loaded = 0;
     uint64_t evictions    = 0;
     uint64_t stall_ns     = 0; // time hooks waited for loads
+    uint64_t prefetch_loads  = 0; // loads issued on a prediction
+    uint64_t prefetch_hits   = 0; // predicted experts the layer then used
+    uint64_t prefetch_wasted = 0; // predicted experts it did not use
+    uint64_t prefetch_missed = 0; // used experts that were not predicted
+};
+
+// what a hook needs the cache to do at one layer
+struct AcquireRequest {
+    int32_t         il;
+    const int32_t * experts;       // distinct
+    int32_t         n;
+    uint64_t        priority;      // of the demand loads (smaller = sooner)
+    int32_t         context;       // registered context, or -1
+    const int32_t * prefetch;      // distinct experts of layer il + 1 to load without waiting
+    int32_t         n_prefetch;
 };
 
 class ExpertCache {
@@ -49,15 +64,31 @@ public:
     void  set_source(int32_t il, int32_t kind, uint64_t offset) { sources_[(size_t) il * cfg_.n_kinds + kind] = offset; }
     void * slot_data(int32_t kind) const { return memory_[kind]; }
 
-    // Pin a slot for each of the n distinct experts of layer il (appending them to pins) and
-    // wait until all are loaded; slots[i] is experts[i]'s slot. Returns 0, or -1 with err.
-    int32_t acquire(int32_t il, const int32_t * experts, int32_t n, int64_t * slots,
-                    std::vector<int64_t> & pins, std::string & err);
+    // Pin a slot for each of the n distinct experts of layer il (appending them to pins), issue
+    // the prefetch loads, and wait until the pinned slots are loaded; slots[i] is experts[i]'s.
+    // Returns 0, or -1 with err.
+    int32_t acquire(const AcquireRequest & req, int64_t * slots, std::vector<int64_t> & pins, std::string & err);
+
+    // contexts that share the cache: their layers steer next-use eviction
+    int32_t register_context();
+    void    unregister_context(int32_t id);
+
+    // router weights of layer il ([n_expert][n_embd], copied) for next-layer prediction
+    void set_router(int32_t il, const float * w, int32_t n_embd);
+    // layer il's router, or nullptr; n_embd its width
+    const float * router(int32_t il, int32_t * n_embd) const;
+
+    // a prediction for layer il against what it used (prefetch precision and recall)
+    void score_prediction(int32_t il, uint64_t hits, uint64_t wasted, uint64_t missed);
 
     // unpin (and clear) pins
     void release(std::vector<int64_t> & pins);
 
     Counters counters(int32_t il) const; // il < 0: all layers
+    int64_t  pinned() const {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return pinned_;
+    }
     uint64_t link_busy_ns() const { return queue_->busy_ns(); }
     void     reset_counters();
 
@@ -77,6 +108,9 @@ private:
     std::vector<Counters>   layer_counters_;
     std::vector<uint8_t>    used_;       // scratch: experts used at this visit
     std::vector<std::string> load_errors_; // per slot: why its load failed
+    std::vector<int32_t>    positions_;  // per registered context: the layer it computes (-1: idle)
+    std::vector<std::vector<float>> routers_; // per layer: router weights, for prefetch
+    int32_t                 router_n_embd_ = 0;
 
     std::unique_ptr<UploadQueue> queue_; // last: its workers stop before the rest goes away
 };

@@ -14,16 +14,21 @@ SlotDirectory::SlotDirectory(int32_t n_layer, int32_t n_expert, int64_t n_slots,
     : n_layer_(n_layer), n_expert_(n_expert), policy_(policy), slots_(n_slots),
       key_slot_((size_t) n_layer * n_expert, -1), freq_((size_t) n_layer * n_expert, kFreqInit), rng_(seed) {}
 
-double SlotDirectory::next_use(int32_t k, int32_t il_now) const {
-    // layers still to visit before layer il comes round again, plus the cycles it expects to
-    // skip given how often it was used: d + L * (1/p - 1)
+double SlotDirectory::next_use(int32_t k, const std::vector<int32_t> & now) const {
+    // layers still to visit before layer il comes round again (for the context that gets there
+    // first), plus the cycles it expects to skip given how often it was used: d + L * (1/p - 1)
     const int32_t il = k / n_expert_;
-    const int32_t d  = ((il - il_now - 1) % n_layer_ + n_layer_) % n_layer_;
+    int32_t d = n_layer_;
+    for (int32_t il_now : now) {
+        if (il_now >= 0) {
+            d = std::min(d, ((il - il_now - 1) % n_layer_ + n_layer_) % n_layer_);
+        }
+    }
     const float   p  = std::max(freq_[k], kFreqFloor);
     return d + n_layer_ * (1.0 / p - 1.0);
 }
 
-int64_t SlotDirectory::assign(int32_t il, int32_t e, int32_t il_now, bool * evicted) {
+int64_t SlotDirectory::assign(int32_t il, int32_t e, const std::vector<int32_t> & now, bool * evicted) {
     int64_t best       = -1;
     double  best_score = 0;
     int64_t n_free     = 0;
@@ -42,7 +47,7 @@ int64_t SlotDirectory::assign(int32_t il, int32_t e, int32_t il_now, bool * evic
         double score = 0;
         switch (policy_) {
             case Policy::Lru:     score = -(double) slot.last_use; break;
-            case Policy::NextUse: score = next_use(slot.key, il_now) - 1e-12 * (double) slot.last_use; break;
+            case Policy::NextUse: score = next_use(slot.key, now) - 1e-12 * (double) slot.last_use; break;
             case Policy::Random:  score = 0; break;
         }
         if (policy_ == Policy::Random) {

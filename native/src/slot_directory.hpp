@@ -30,9 +30,10 @@ public:
     int64_t find(int32_t il, int32_t e) const { return key_slot_[key(il, e)]; }
 
     // A slot to reuse for (il, e): an empty one, else the policy's victim among the unpinned
-    // ready slots, seen from a request now at layer il_now. -1 when every slot is pinned or
-    // loading. The slot is unmapped from its old expert and mapped to (il, e), state Loading.
-    int64_t assign(int32_t il, int32_t e, int32_t il_now, bool * evicted);
+    // ready slots, seen from contexts now at layers now (next use = the soonest visit by any).
+    // -1 when every slot is pinned or loading. The slot is unmapped from its old expert and
+    // mapped to (il, e), state Loading.
+    int64_t assign(int32_t il, int32_t e, const std::vector<int32_t> & now, bool * evicted);
 
     void set_state(int64_t slot, SlotState s) { slots_[slot].state = s; }
     SlotState state(int64_t slot) const { return slots_[slot].state; }
@@ -59,7 +60,7 @@ private:
     };
 
     int32_t key(int32_t il, int32_t e) const { return il * n_expert_ + e; }
-    double  next_use(int32_t k, int32_t il_now) const;
+    double  next_use(int32_t k, const std::vector<int32_t> & now) const;
 
     int32_t              n_layer_;
     int32_t              n_expert_;

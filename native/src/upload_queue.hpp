@@ -17,7 +17,7 @@ struct LoadJob {
     int64_t slot;
     int32_t layer;
     int32_t expert;
-    int32_t priority; // 0 = a request waits for it; larger = less urgent
+    uint64_t priority; // smaller = more urgent: demand loads by (token, layer), prefetch after all
 };
 
 class UploadQueue {

@@ -1,0 +1,160 @@
+"""The runahead runner (`bevy-ctx`): a llama context per request, each on its own thread.
+
+All contexts share one model and one expert cache. A context whose experts are resident keeps
+computing while a context that misses waits in native code for its loads, so loads overlap
+compute and the demand is revealed, not predicted. A compute gate bounds how many contexts
+compute at once (so threads do not oversubscribe the cores) and admits the most lagging one
+first (smallest token, then layer); load requests are served in the same order.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from bevy_gguf.engine.batched import RunStats, context_params
+from bevy_gguf.engine.expert_cache import ExpertCache
+from bevy_gguf.engine.request import Request
+from bevy_gguf.errors import BevyError
+from bevy_gguf.llm import Context, Model
+
+
+def union_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals: the wall time during which any ran."""
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+class ContextRunner:
+    """Decodes each request on a context of its own, n_parallel contexts at a time."""
+
+    def __init__(self, model: Model, cache: ExpertCache, n_parallel: int, n_threads: int = 2,
+                 threads_per_context: int = 1, flash_attn_type: int = -1) -> None:
+        self.model = model
+        self.cache = cache
+        self.n_parallel = n_parallel
+        self.threads_per_context = threads_per_context
+        self.concurrency = max(1, n_threads // threads_per_context)  # contexts computing at once
+        self.flash_attn_type = flash_attn_type
+
+    def run(self, requests: list[Request]) -> RunStats:
+        stats = RunStats()
+        if not requests:
+            return stats
+        lib = self.cache.lib
+        n_ctx = min(self.n_parallel, len(requests))
+        self.cache.require_slots(n_ctx)
+        limit = max(len(r.prompt_tokens) for r in requests)
+        micro_batch = self.cache.layout.micro_batch(self.cache.n_slots, limit, contexts=n_ctx)
+        # sized like the stock reference's single context (`--engine stock --parallel 1`)
+        params = context_params(requests, 1, self.threads_per_context, micro_batch, self.flash_attn_type)
+        gate = lib.bevy_gate_new(self.concurrency)
+        contexts: list[Context] = []
+        try:
+            for _ in range(n_ctx):
+                ctx = Context(self.model, params)
+                contexts.append(ctx)
+                ctx.hook = self.cache.attach(ctx, gate=gate)
+            self.micro_batch = micro_batch
+            self._run_threads(contexts, requests, stats)
+        finally:
+            for ctx in contexts:
+                ctx.close()
+            self.cache.release_hooks()  # hooks go before the gate they point to
+            lib.bevy_gate_free(gate)
+        return stats
+
+    def _run_threads(self, contexts: list[Context], requests: list[Request], stats: RunStats) -> None:
+        pending = deque(range(len(requests)))
+        lock = threading.Lock()
+        decode_spans: list[tuple[float, float]] = []
+        prefill_spans: list[tuple[float, float]] = []
+        t0 = time.perf_counter()
+        at_decode: dict[str, int] = {}
+
+        # when every request has a context, all prefill before any decodes: the phases (and
+        # their counters) then separate cleanly, as in the batched runner
+        barrier = None
+        if len(requests) <= len(contexts):
+            barrier = threading.Barrier(len(contexts), action=lambda: at_decode.update(self.cache.counters()))
+
+        def take() -> int | None:
+            with lock:
+                return pending.popleft() if pending else None
+
+        def attempt(req: Request, step: Callable[[Request], None]) -> None:
+            try:
+                step(req)
+            except BevyError as e:
+                req.fail(str(e))  # this request fails alone
+
+        def serve(ctx: Context) -> None:
+            first = True
+            while (i := take()) is not None:
+                req = requests[i]
+                req.seq = 0
+                attempt(req, lambda r: self._prefill(ctx, r, t0, lock, stats, prefill_spans))
+                if first and barrier is not None:
+                    barrier.wait()
+                first = False
+                attempt(req, lambda r: self._decode_steps(ctx, r, lock, stats, decode_spans))
+                self.cache.lib.bevy_hook_end(ctx.hook)
+                ctx.seq_rm(0)  # its KV cells; pins go with every graph, failed or not
+            if first and barrier is not None:
+                barrier.wait()
+
+        threads = [threading.Thread(target=serve, args=(ctx,), name=f"bevy-ctx-{n}") for n, ctx in enumerate(contexts)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats.decode_s = union_seconds(decode_spans)
+        stats.prefill_s = union_seconds(prefill_spans)
+        end = self.cache.counters()
+        stats.decode_counters = {k: end[k] - at_decode.get(k, 0) for k in end}
+
+    def _prefill(self, ctx: Context, req: Request, t0: float, lock: threading.Lock, stats: RunStats,
+                 spans: list[tuple[float, float]]) -> None:
+        lib, hook = self.cache.lib, ctx.hook
+        rows = [(tok, pos, 0, pos == len(req.prompt_tokens) - 1) for pos, tok in enumerate(req.prompt_tokens)]
+        start = time.perf_counter()
+        lib.bevy_hook_begin(hook, 0)
+        try:
+            out = ctx.decode(rows)
+        finally:
+            lib.bevy_hook_end(hook)
+        end = time.perf_counter()
+        token, margin = req.choose(ctx, out[0])
+        req.record(token, margin, self.model.is_eog(token), self.model.piece(token))
+        req.ttft_s = end - t0
+        with lock:
+            spans.append((start, end))
+            stats.prefill_tokens += len(rows)
+
+    def _decode_steps(self, ctx: Context, req: Request, lock: threading.Lock, stats: RunStats,
+                      spans: list[tuple[float, float]]) -> None:
+        lib, hook = self.cache.lib, ctx.hook
+        while not req.finished:
+            start = time.perf_counter()
+            lib.bevy_hook_begin(hook, req.n_decoded + 1)
+            try:
+                out = ctx.decode([(req.next_input(), req.n_past, 0, True)])
+            finally:
+                lib.bevy_hook_end(hook)
+            end = time.perf_counter()
+            token, margin = req.choose(ctx, out[0])
+            req.record(token, margin, self.model.is_eog(token), self.model.piece(token))
+            with lock:
+                spans.append((start, end))
+                stats.decode_tokens += 1

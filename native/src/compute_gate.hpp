@@ -1,0 +1,35 @@
+// ComputeGate: bounds how many contexts compute at once; the most lagging waiter goes first.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <set>
+
+namespace bevy {
+
+class ComputeGate {
+public:
+    explicit ComputeGate(int32_t capacity) : capacity_(capacity) {}
+
+    // Block until fewer than capacity contexts compute and no waiter has a smaller key.
+    // key orders waiters: (token, layer, context) packed so that smaller = further behind.
+    void enter(uint64_t key);
+    void leave();
+
+    int32_t capacity() const { return capacity_; }
+
+private:
+    std::mutex              mutex_;
+    std::condition_variable cv_;
+    std::set<uint64_t>      waiting_;
+    int32_t                 active_ = 0;
+    int32_t                 capacity_;
+};
+
+// the priority key of a context about to compute `layer` of token `token`
+inline uint64_t gate_key(int64_t token, int32_t layer, int32_t context) {
+    return ((uint64_t) token << 32) | ((uint64_t) (uint16_t) (layer + 1) << 16) | (uint16_t) context;
+}
+
+} // namespace bevy

@@ -1,0 +1,53 @@
+"""Runs requests on the bevy engine inside one process and prints JSON (for the tests).
+
+usage: engine_probe.py MODEL SCHEDULER CACHE PARALLEL SPEC.json
+SPEC: {"prompts": [...], "max_tokens": n, "stop": [...], "bad": [indices of requests given an
+invalid token], "eviction": "...", "seed": n}
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from bevy_gguf import native
+from bevy_gguf.engine.expert_cache import ExpertCache
+from bevy_gguf.engine.request import Request
+from bevy_gguf.engine.schedulers import get_scheduler, make_runner
+from bevy_gguf.gguf_info import inspect_model
+from bevy_gguf.libs import use_libllama
+from bevy_gguf.llm import Model
+from bevy_gguf.offload import LinkSpec, parse_cache_size
+
+
+def main() -> int:
+    model_path, scheduler, size, parallel = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+    spec = json.loads(Path(sys.argv[5]).read_text())
+    lib = use_libllama("patched")
+    native.llama_moe_set_lazy_experts(lib, True)
+    info = inspect_model(model_path)
+    with Model(lib, model_path) as model, ExpertCache(info, parse_cache_size(size, info.expert_bytes),
+                                                      LinkSpec("file"), policy=spec.get("eviction", "next-use"),
+                                                      wait_timeout_s=60, seed=spec.get("seed", 0)) as cache:
+        requests = []
+        for i, p in enumerate(spec["prompts"]):
+            tokens = model.tokenize(p)
+            if i in spec.get("bad", []):
+                tokens[len(tokens) // 2] = 10**6  # not a token: this request's decode fails
+            requests.append(Request(prompt=p, prompt_tokens=tokens, max_tokens=spec["max_tokens"],
+                                    stop=tuple(spec.get("stop", ()))))
+        runner, micro_batch = make_runner(get_scheduler(scheduler), model, model_path, cache, parallel, 2,
+                                          max(len(r.prompt_tokens) for r in requests))
+        stats = runner.run(requests)
+        print(json.dumps({
+            "requests": [{"tokens": r.tokens, "margins": r.margins, "error": r.error, "finish": r.finish_reason}
+                         for r in requests],
+            "pinned_after": cache.lib.bevy_cache_pinned(cache.ptr),
+            "micro_batch": micro_batch, "decode_tokens": stats.decode_tokens, "counters": cache.counters(),
+        }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
