@@ -1,6 +1,6 @@
 # bevy-gguf: `make demo` and `make test` each set everything up on a fresh machine.
 #   make build   venv (.venv/), pinned llama.cpp source, stock + patched libllama, libbevy
-#   make demo    build, generate the default model, run it with --parallel 8 (stock, then a 25% cache)
+#   make demo    build, generate the default model, run it with --parallel 8, then the A/B table
 #   make test    build, then the test suite
 # Knobs: JOBS=2 (compile jobs), CUDA=1 (ggml with CUDA), PYTHON=python3.
 
@@ -32,10 +32,9 @@ build: venv
 
 demo: build
 	$(BIN)/bevy-gguf make-model $(DEFAULT_MODEL)
-	$(BIN)/bevy-gguf run $(DEFAULT_MODEL) --engine stock --parallel 8 --workload text --requests 8
-	$(BIN)/bevy-gguf run $(DEFAULT_MODEL) --scheduler blocking --expert-cache 25% --link file --parallel 8 \
-		--workload text --requests 8
-	$(BIN)/bevy-gguf trace $(DEFAULT_MODEL) --workload text --expert-cache 25%,75%
+	$(BIN)/bevy-gguf run $(DEFAULT_MODEL) --parallel 8 --workload text --requests 8 --expert-cache 25%
+	$(BIN)/bevy-gguf bench $(DEFAULT_MODEL) --systems stock-resident,blocking,prefetch,bevy \
+		--sweep cache=25%,90% --repeats 1 --out build/demo
 
 test: build
 	$(BIN)/python -m pytest -q tests

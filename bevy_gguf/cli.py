@@ -60,19 +60,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     from bevy_gguf.generate import OffloadConfig, run_bevy, run_stock
 
     make_requests = _requests_maker(args)
+    live = not args.json and sys.stderr.isatty()
     if args.engine == "stock":
-        result = run_stock(Path(args.model), make_requests, args.parallel, args.threads)
+        result = run_stock(Path(args.model), make_requests, args.parallel, args.threads, progress=live)
     else:
         offload = OffloadConfig(scheduler=args.scheduler, expert_cache=args.expert_cache, link=args.link,
                                 eviction=args.eviction, link_workers=args.link_workers,
                                 wait_timeout_s=args.wait_timeout)
-        result = run_bevy(Path(args.model), make_requests, args.parallel, args.threads, offload)
+        result = run_bevy(Path(args.model), make_requests, args.parallel, args.threads, offload, progress=live)
     if args.json:
         print(json.dumps(result.to_json(), ensure_ascii=False))
         return 0
     for i, (req, text) in enumerate(zip(result.requests, result.texts)):
         print(f"--- request {i} ({len(req.prompt_tokens)} prompt tokens, {len(req.tokens)} generated)")
         print(f"{req.prompt}\u2192{text}")
+    print(f"{'request':>7} {'prompt':>6} {'tokens':>6} {'ttft ms':>8}  finish")
+    for i, req in enumerate(result.requests):
+        ttft = f"{req.ttft_s * 1e3:8.1f}" if req.ttft_s is not None else f"{'-':>8}"
+        print(f"{i:>7} {len(req.prompt_tokens):>6} {len(req.tokens):>6} {ttft}  {req.error or req.finish_reason}")
     s = result.stats
     print(f"engine {result.engine}, parallel {result.n_parallel}: {s.decode_tokens} decode tokens in "
           f"{s.decode_s:.3f} s = {s.tok_per_s:.1f} tok/s; prefill {s.prefill_tokens} tokens in {s.prefill_s:.3f} s")
@@ -102,6 +107,36 @@ def cmd_trace(args: argparse.Namespace) -> int:
     sizes = [x for x in (args.expert_cache or "").split(",") if x]
     return run_trace(Path(args.model), n_requests=args.requests, prompt_tokens=args.prompt_tokens,
                      steps=args.steps, n_threads=args.threads, as_json=args.json, cache_sizes=sizes)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from bevy_gguf.bench.harness import BenchConfig, run_bench
+    from bevy_gguf.bench.report import markdown, public_json, write_outputs
+
+    caches = [args.expert_cache]
+    if args.sweep:
+        key, _, values = args.sweep.partition("=")
+        if key != "cache" or not values:
+            raise BevyError(f"--sweep {args.sweep}: write it as cache=25%,50%,90%")
+        caches = [v for v in values.split(",") if v]
+    cfg = BenchConfig(model=Path(args.model), parallel=args.parallel, requests=args.requests or args.parallel,
+                      prompt_tokens=args.prompt_tokens, steps=args.steps, threads=args.threads, link=args.link,
+                      eviction=args.eviction, repeats=args.repeats,
+                      systems=[s for s in args.systems.split(",") if s], caches=caches, workload=args.workload,
+                      timeline=bool(args.out))
+    from bevy_gguf.gguf_info import inspect_model
+
+    inspect_model(cfg.model)
+    report = run_bench(cfg, progress=sys.stderr.isatty() and not args.json)
+    command = "bevy-gguf " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("bevy-gguf") else "bevy-gguf bench ..."
+    if args.out:
+        for path in write_outputs(report, Path(args.out), command):
+            print(f"wrote {path}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(public_json(report)))
+    else:
+        print(markdown(report, command))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,6 +181,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", type=positive("--threads"), default=2)
     run.add_argument("--json", action="store_true", help="print the §3 JSON document")
     run.set_defaults(func=cmd_run)
+
+    be = sub.add_parser("bench", help="A/B benchmark against stock llama.cpp, side by side in one invocation")
+    be.add_argument("model", metavar="MODEL.gguf")
+    be.add_argument("--parallel", type=positive("--parallel"), default=8)
+    be.add_argument("--requests", type=positive("--requests"), help="requests (default: --parallel)")
+    be.add_argument("--expert-cache", default="25%", metavar="SIZE", help="the cache point without --sweep")
+    be.add_argument("--sweep", metavar="cache=A,B,...", help="cache points, e.g. cache=25%%,50%%,75%%,90%%,100%%")
+    be.add_argument("--systems", default="stock-resident,stock-offload,blocking,prefetch,bevy-ctx,bevy")
+    be.add_argument("--link", default="file")
+    be.add_argument("--eviction", choices=["next-use", "lru", "random"], default="next-use")
+    be.add_argument("--repeats", type=positive("--repeats"), default=3)
+    be.add_argument("--workload", choices=["text", "generate"], default="text",
+                    help="text: teacher-forced workload texts; generate: greedy generation")
+    be.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=16)
+    be.add_argument("--steps", type=positive("--steps"), default=64)
+    be.add_argument("--threads", type=positive("--threads"), default=2)
+    be.add_argument("--out", metavar="DIR", help="write report.md, report.json, throughput.png, timeline.json")
+    be.add_argument("--json", action="store_true", help="print report.json")
+    be.set_defaults(func=cmd_bench)
 
     tr = sub.add_parser("trace", help="record routing on the text workload and print its statistics")
     tr.add_argument("model", metavar="MODEL.gguf")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from bevy_gguf.gguf_info import inspect_model
 from bevy_gguf.libs import use_libllama
 from bevy_gguf.llm import Model
 from bevy_gguf.offload import LinkSpec, parse_cache_size
+from bevy_gguf.progress import LiveProgress
 
 ENGINES = ("bevy", "stock")
 
@@ -67,19 +69,21 @@ class RunResult:
         return stats
 
 
-def run_stock(model_path: Path, make_requests: Any, n_parallel: int, n_threads: int) -> RunResult:
+def run_stock(model_path: Path, make_requests: Any, n_parallel: int, n_threads: int,
+              progress: bool = False) -> RunResult:
     """Decode with unpatched llama.cpp: one context, n_parallel sequences batched per step."""
     inspect_model(model_path)
     llama_cpp = use_libllama("stock")
     with Model(llama_cpp, model_path) as model:
         requests: list[Request] = make_requests(model)
-        stats = BatchedRunner(model, n_parallel, n_threads).run(requests)
+        with LiveProgress(requests) if progress else nullcontext():
+            stats = BatchedRunner(model, n_parallel, n_threads).run(requests)
         texts = [model.detokenize(r.tokens) for r in requests]
     return RunResult("stock", n_parallel, requests, texts, stats)
 
 
 def run_bevy(model_path: Path, make_requests: Any, n_parallel: int, n_threads: int,
-             offload: OffloadConfig) -> RunResult:
+             offload: OffloadConfig, progress: bool = False, trace_events: int = 0) -> RunResult:
     """Decode with the patched llama.cpp, routed experts served from a bounded cache."""
     scheduler = get_scheduler(offload.scheduler)
     info = inspect_model(model_path)
@@ -94,10 +98,13 @@ def run_bevy(model_path: Path, make_requests: Any, n_parallel: int, n_threads: i
         limit = max(len(r.prompt_tokens) for r in requests)
         runner, micro_batch = make_runner(scheduler, model, model_path, cache, min(n_parallel, len(requests)),
                                           n_threads, limit)
-        stats = runner.run(requests)
+        cache.trace(trace_events)
+        with LiveProgress(requests, cache.counters) if progress else nullcontext():
+            stats = runner.run(requests)
         texts = [model.detokenize(r.tokens) for r in requests]
         summary = {"scheduler": offload.scheduler, "link": cache.link_name, "bytes": cache.budget_bytes,
                    "slots": cache.n_slots, "micro_batch": micro_batch, "decode": stats.decode_counters,
                    "total": cache.counters(),
-                   "layers": [cache.counters(il) for il in range(info.n_layer)]}
+                   "layers": [cache.counters(il) for il in range(info.n_layer)],
+                   "events": cache.events() if trace_events else []}
     return RunResult("bevy", n_parallel, requests, texts, stats, cache=summary)

@@ -66,7 +66,18 @@ class BevyCounters(ctypes.Structure):
         ("prefetch_hits", c_uint64),
         ("prefetch_wasted", c_uint64),
         ("prefetch_missed", c_uint64),
+        ("compute_busy_ns", c_uint64),
     ]
+
+
+class BevyEvent(ctypes.Structure):
+    """bevy_event."""
+
+    _fields_ = [("kind", c_int32), ("context", c_int32), ("layer", c_int32), ("expert", c_int32),
+                ("t0_ns", c_int64), ("t1_ns", c_int64)]
+
+
+EVENT_WAIT, EVENT_COMPUTE, EVENT_LOAD = 0, 1, 2
 
 
 class LlamaMoeCacheTensor(ctypes.Structure):
@@ -167,15 +178,21 @@ def libbevy() -> ctypes.CDLL:
     # const char * bevy_hook_last_error(const bevy_hook * hook);
     lib.bevy_hook_last_error.argtypes = [c_void_p]
     lib.bevy_hook_last_error.restype = c_char_p
-    # bevy_gate * bevy_gate_new(int32_t capacity);
-    lib.bevy_gate_new.argtypes = [c_int32]
-    lib.bevy_gate_new.restype = c_void_p
-    # void bevy_gate_free(bevy_gate * gate);
-    lib.bevy_gate_free.argtypes = [c_void_p]
-    lib.bevy_gate_free.restype = None
-    # int32_t bevy_hook_set_gate(bevy_hook * hook, bevy_gate * gate);
-    lib.bevy_hook_set_gate.argtypes = [c_void_p, c_void_p]
-    lib.bevy_hook_set_gate.restype = c_int32
+    # int32_t bevy_cache_set_concurrency(bevy_cache * cache, int32_t n);
+    lib.bevy_cache_set_concurrency.argtypes = [c_void_p, c_int32]
+    lib.bevy_cache_set_concurrency.restype = c_int32
+    # int32_t bevy_hook_set_gated(bevy_hook * hook, int32_t gated);
+    lib.bevy_hook_set_gated.argtypes = [c_void_p, c_int32]
+    lib.bevy_hook_set_gated.restype = c_int32
+    # void bevy_cache_trace(bevy_cache * cache, int64_t max_events);
+    lib.bevy_cache_trace.argtypes = [c_void_p, c_int64]
+    lib.bevy_cache_trace.restype = None
+    # int64_t bevy_cache_events(bevy_cache * cache, bevy_event * out, int64_t max);
+    lib.bevy_cache_events.argtypes = [c_void_p, POINTER(BevyEvent), c_int64]
+    lib.bevy_cache_events.restype = c_int64
+    # int64_t bevy_now_ns(void);
+    lib.bevy_now_ns.argtypes = []
+    lib.bevy_now_ns.restype = c_int64
     # void bevy_hook_begin(bevy_hook * hook, int64_t token);
     lib.bevy_hook_begin.argtypes = [c_void_p, c_int64]
     lib.bevy_hook_begin.restype = None

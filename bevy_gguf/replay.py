@@ -40,8 +40,9 @@ def replay_policy(policy: str, visits: list[Visit], n_layer: int, n_expert: int,
     return int(hits)
 
 
-def belady_hits(visits: list[Visit], n_slots: int) -> int:
-    """Hits of Belady's optimal eviction (a visit's own experts are never evicted during it)."""
+def belady_hits(visits: list[Visit], n_slots: int, count_from: int = 0) -> int:
+    """Hits of Belady's optimal eviction (a visit's own experts are never evicted during it),
+    counted from visit `count_from` on (earlier visits only warm the cache)."""
     keys = [[(il, e) for e in es] for il, es in visits]
     # next_use[i][key]: the next visit after i that needs key
     next_use: list[dict[tuple[int, int], int]] = [{} for _ in visits]
@@ -59,7 +60,7 @@ def belady_hits(visits: list[Visit], n_slots: int) -> int:
         now = set(needed)
         for key in needed:
             if key in resident:
-                hits += 1
+                hits += i >= count_from
             elif len(resident) >= n_slots:
                 victim = max((k for k in resident if k not in now), key=resident.__getitem__)
                 del resident[victim]

@@ -28,9 +28,10 @@ from bevy_gguf.routing import (
 
 
 def trace_workload(model_path: Path, n_requests: int, prompt_tokens: int, steps: int,
-                   n_threads: int = 2) -> tuple[np.ndarray, int]:
+                   n_threads: int = 2, with_prefill: bool = False) -> tuple[np.ndarray, int] | tuple:
     """Decode n_requests workload texts together (teacher forced); returns
-    ([requests, layers, steps, k] selections over the decode steps, n_expert)."""
+    ([requests, layers, steps, k] selections over the decode steps, n_expert), and with
+    with_prefill also each layer's distinct experts during the prefill (what warms a cache)."""
     info = inspect_model(model_path)
     llama_cpp = use_libllama("patched")
     with Model(llama_cpp, model_path) as model:
@@ -39,8 +40,18 @@ def trace_workload(model_path: Path, n_requests: int, prompt_tokens: int, steps:
         try:
             stats = BatchedRunner(model, n_requests, n_threads, on_context=trace.install).run(requests)
             sel = per_request(trace, stats.calls, len(requests))
+            n_prefill = sum(len(c.rows) for c in stats.calls if c.prefill)
+            n_prefill_out = sum(1 for c in stats.calls if c.prefill for n, i in enumerate(c.rows)
+                                if n == len(c.rows) - 1 or c.rows[n + 1] != i)
+            prefill = []
+            for il in info.moe_layers:
+                rows = trace.layer(il)
+                first = n_prefill if len(rows) == n_prefill + steps * n_requests else n_prefill_out
+                prefill.append((il, sorted(set(rows[:first].ravel().tolist()))))
         finally:
             trace.close()
+    if with_prefill:
+        return sel[:, info.moe_layers], info.n_expert, prefill
     return sel[:, info.moe_layers], info.n_expert
 
 

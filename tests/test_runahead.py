@@ -112,10 +112,10 @@ def test_lagging_context_is_admitted_first(tmp_path: Path) -> None:
     params.n_layer, params.n_expert, params.n_kinds, params.n_slots = 1, 2, 1, 2
     params.kind_bytes[0] = 16
     cache = lib.bevy_cache_new(ctypes.byref(params), link)
-    gate = lib.bevy_gate_new(1)
+    lib.bevy_cache_set_concurrency(cache, 1)
     hooks = [lib.bevy_hook_new(cache) for _ in range(3)]
     for h in hooks:
-        lib.bevy_hook_set_gate(h, gate)
+        lib.bevy_hook_set_gated(h, 1)
     order: list[int] = []
     lib.bevy_hook_begin(hooks[0], 9)  # holds the only slot
 
@@ -135,9 +135,11 @@ def test_lagging_context_is_admitted_first(tmp_path: Path) -> None:
     ahead.join(5)
     behind.join(5)
     assert order == [2, 5]
+    counters = native.BevyCounters()
+    lib.bevy_cache_counters(cache, -1, ctypes.byref(counters))
+    assert counters.compute_busy_ns >= 0.35e9  # the slot was held from the start to the end
     for h in hooks:
         lib.bevy_hook_free(h)
-    lib.bevy_gate_free(gate)
     lib.bevy_cache_free(cache)
     lib.bevy_link_free(link)
 

@@ -57,7 +57,9 @@ class BatchedRunner:
 
     def __init__(self, model: Model, n_parallel: int, n_threads: int = 2,
                  on_context: Callable[[Context], None] | None = None, micro_batch: int | None = None,
-                 counters: Callable[[], dict[str, float]] | None = None, flash_attn_type: int = -1) -> None:
+                 counters: Callable[[], dict[str, float]] | None = None, flash_attn_type: int = -1,
+                 around_decode: tuple[Callable[[Context, int], None], Callable[[Context], None]] | None = None
+                 ) -> None:
         self.model = model
         self.n_parallel = n_parallel
         self.n_threads = n_threads
@@ -65,6 +67,7 @@ class BatchedRunner:
         self.micro_batch = micro_batch  # tokens per graph (an expert cache bounds it)
         self.counters = counters  # e.g. the expert cache's: summed over decode calls
         self.flash_attn_type = flash_attn_type
+        self.around_decode = around_decode  # (before(ctx, step), after(ctx)): e.g. the compute gate
 
     def run(self, requests: list[Request]) -> RunStats:
         stats = RunStats()
@@ -116,7 +119,13 @@ class BatchedRunner:
         last = {i: n for n, (i, _, _) in enumerate(rows)}
         batch = [(tok, pos, requests[i].seq, last[i] == n) for n, (i, tok, pos) in enumerate(rows)]
         stats.calls.append(BatchCall(prefill=prefill, rows=[i for i, _, _ in rows]))
-        outputs = ctx.decode(batch)
+        if self.around_decode:
+            self.around_decode[0](ctx, len(stats.calls))
+        try:
+            outputs = ctx.decode(batch)
+        finally:
+            if self.around_decode:
+                self.around_decode[1](ctx)
         for row in outputs:
             req = requests[rows[row][0]]
             token, margin = req.choose(ctx, row)

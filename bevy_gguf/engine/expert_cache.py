@@ -133,17 +133,17 @@ class ExpertCache:
                 raise BevyError(f"layer {il}'s router has {w.shape[0]} rows, the model {self.layout.n_expert} experts")
             self.lib.bevy_cache_set_router(self.ptr, il, w.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), w.shape[1])
 
-    def attach(self, ctx: Context, prefetch: bool = False, gate: int | None = None) -> int:
-        """Serve ctx's expert matmuls from this cache (a hook of its own, the shared slots);
-        returns the hook. prefetch: predict and load the next layer's experts; gate: a
-        compute gate shared by runahead contexts."""
+    def attach(self, ctx: Context, prefetch: bool = False) -> int:
+        """Serve ctx's expert matmuls from this cache (a hook of its own, the shared slots) and
+        put it behind the cache's compute gate; returns the hook (also ctx.hook). prefetch:
+        predict and load the next layer's experts."""
         hook = self.lib.bevy_hook_new(self.ptr)
         if not hook:
             raise BevyError(f"cannot create a cache hook: {native.last_error()}")
         self.hooks.append(hook)
+        ctx.hook = hook
         self.lib.bevy_hook_set_prefetch(hook, int(prefetch))
-        if gate is not None:
-            self.lib.bevy_hook_set_gate(hook, gate)
+        self.lib.bevy_hook_set_gated(hook, 1)
         native.llama_set_moe_hook(ctx.lib, ctx.ptr, native.hook_address(self.lib.bevy_hook_fn), hook,
                                   want_router_in=prefetch)
         tensors = (native.LlamaMoeCacheTensor * len(self.layout.kinds))()
@@ -155,6 +155,29 @@ class ExpertCache:
             raise BevyError("llama.cpp refused the expert cache for this model (its log says why)")
         ctx.explain_failure = lambda: (self.lib.bevy_hook_last_error(hook) or b"").decode(errors="replace")
         return hook
+
+    def set_concurrency(self, n: int) -> None:
+        """How many contexts compute at once (the compute gate's capacity)."""
+        self.lib.bevy_cache_set_concurrency(self.ptr, n)
+
+    def begin(self, ctx: Context, token: int) -> None:
+        """Before a decode of ctx: its progress, and a turn at the compute gate."""
+        self.lib.bevy_hook_begin(ctx.hook, token)
+
+    def end(self, ctx: Context) -> None:
+        self.lib.bevy_hook_end(ctx.hook)
+
+    def trace(self, max_events: int) -> None:
+        """Record wait/compute/load events (0: stop)."""
+        self.lib.bevy_cache_trace(self.ptr, max_events)
+
+    def events(self) -> list[tuple[int, int, int, int, int, int]]:
+        """(kind, context, layer, expert, t0_ns, t1_ns) recorded since the last call."""
+        out: list[tuple[int, int, int, int, int, int]] = []
+        buf = (native.BevyEvent * 4096)()
+        while (n := self.lib.bevy_cache_events(self.ptr, buf, len(buf))) > 0:
+            out += [(e.kind, e.context, e.layer, e.expert, e.t0_ns, e.t1_ns) for e in buf[:n]]
+        return out
 
     def counters(self, il: int = -1) -> dict[str, int]:
         """hits, misses, loads, bytes_loaded, evictions, stall_ns, link_busy_ns and the prefetch

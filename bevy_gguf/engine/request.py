@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ class Request:
     max_tokens: int
     forced: list[int] | None = None
     tokens: list[int] = field(default_factory=list)     # greedy prediction at each output
+    times: list[float] = field(default_factory=list)    # time.perf_counter() at each output
     margins: list[float] = field(default_factory=list)  # top-1 minus top-2 logit at each output
     finished: bool = False
     seq: int = -1
@@ -71,6 +73,7 @@ class Request:
         """
         self.tokens.append(token)
         self.margins.append(margin)
+        self.times.append(time.perf_counter())
         if self.forced is not None:
             if self.n_decoded >= self.n_steps:
                 self.finished, self.finish_reason = True, "length"

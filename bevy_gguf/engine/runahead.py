@@ -52,27 +52,25 @@ class ContextRunner:
         stats = RunStats()
         if not requests:
             return stats
-        lib = self.cache.lib
         n_ctx = min(self.n_parallel, len(requests))
         self.cache.require_slots(n_ctx)
         limit = max(len(r.prompt_tokens) for r in requests)
         micro_batch = self.cache.layout.micro_batch(self.cache.n_slots, limit, contexts=n_ctx)
         # sized like the stock reference's single context (`--engine stock --parallel 1`)
         params = context_params(requests, 1, self.threads_per_context, micro_batch, self.flash_attn_type)
-        gate = lib.bevy_gate_new(self.concurrency)
+        self.cache.set_concurrency(self.concurrency)
         contexts: list[Context] = []
         try:
             for _ in range(n_ctx):
                 ctx = Context(self.model, params)
                 contexts.append(ctx)
-                ctx.hook = self.cache.attach(ctx, gate=gate)
+                self.cache.attach(ctx)
             self.micro_batch = micro_batch
             self._run_threads(contexts, requests, stats)
         finally:
             for ctx in contexts:
                 ctx.close()
-            self.cache.release_hooks()  # hooks go before the gate they point to
-            lib.bevy_gate_free(gate)
+            self.cache.release_hooks()
         return stats
 
     def _run_threads(self, contexts: list[Context], requests: list[Request], stats: RunStats) -> None:
@@ -109,7 +107,7 @@ class ContextRunner:
                     barrier.wait()
                 first = False
                 attempt(req, lambda r: self._decode_steps(ctx, r, lock, stats, decode_spans))
-                self.cache.lib.bevy_hook_end(ctx.hook)
+                self.cache.end(ctx)
                 ctx.seq_rm(0)  # its KV cells; pins go with every graph, failed or not
             if first and barrier is not None:
                 barrier.wait()
@@ -126,14 +124,13 @@ class ContextRunner:
 
     def _prefill(self, ctx: Context, req: Request, t0: float, lock: threading.Lock, stats: RunStats,
                  spans: list[tuple[float, float]]) -> None:
-        lib, hook = self.cache.lib, ctx.hook
         rows = [(tok, pos, 0, pos == len(req.prompt_tokens) - 1) for pos, tok in enumerate(req.prompt_tokens)]
         start = time.perf_counter()
-        lib.bevy_hook_begin(hook, 0)
+        self.cache.begin(ctx, 0)
         try:
             out = ctx.decode(rows)
         finally:
-            lib.bevy_hook_end(hook)
+            self.cache.end(ctx)
         end = time.perf_counter()
         token, margin = req.choose(ctx, out[0])
         req.record(token, margin, self.model.is_eog(token), self.model.piece(token))
@@ -144,14 +141,13 @@ class ContextRunner:
 
     def _decode_steps(self, ctx: Context, req: Request, lock: threading.Lock, stats: RunStats,
                       spans: list[tuple[float, float]]) -> None:
-        lib, hook = self.cache.lib, ctx.hook
         while not req.finished:
             start = time.perf_counter()
-            lib.bevy_hook_begin(hook, req.n_decoded + 1)
+            self.cache.begin(ctx, req.n_decoded + 1)
             try:
                 out = ctx.decode([(req.next_input(), req.n_past, 0, True)])
             finally:
-                lib.bevy_hook_end(hook)
+                self.cache.end(ctx)
             end = time.perf_counter()
             token, margin = req.choose(ctx, out[0])
             req.record(token, margin, self.model.is_eog(token), self.model.piece(token))

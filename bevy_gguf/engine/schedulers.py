@@ -60,6 +60,8 @@ def make_runner(scheduler: Scheduler, model: Model, model_path: Path, cache: Exp
     def attach(ctx: Context) -> None:
         cache.attach(ctx, prefetch=scheduler.prefetch)
 
+    cache.set_concurrency(1)
     micro_batch = cache.layout.micro_batch(cache.n_slots, prompt_limit * n_parallel)
     return BatchedRunner(model, n_parallel, n_threads, on_context=attach, micro_batch=micro_batch,
-                         counters=cache.counters, flash_attn_type=flash_attn_type), micro_batch
+                         counters=cache.counters, flash_attn_type=flash_attn_type,
+                         around_decode=(cache.begin, cache.end)), micro_batch

@@ -125,6 +125,7 @@ typedef struct bevy_counters {
     uint64_t prefetch_hits;   // predicted experts the layer then selected
     uint64_t prefetch_wasted; // predicted experts it did not select
     uint64_t prefetch_missed; // selected experts that were not predicted
+    uint64_t compute_busy_ns; // time at least one gated context computed (totals only)
 } bevy_counters;
 
 typedef struct bevy_cache bevy_cache;
@@ -159,20 +160,44 @@ BEVY_API int32_t       bevy_hook_fn(void * hook, const bevy_moe_call * call);
 BEVY_API const char *  bevy_hook_last_error(const bevy_hook * hook);
 
 //
-// Runahead: contexts on their own threads, each with its hook, share a compute gate. A hook
-// leaves the gate while it waits for experts and re-enters to compute; among the contexts
-// waiting to compute, the most lagging (smallest token, then layer) goes first.
+// Runahead: contexts on their own threads, each with its hook, share the cache's compute
+// gate. A gated hook leaves the gate while it waits for experts and re-enters to compute;
+// among the contexts waiting to compute, the most lagging (smallest token, then layer) goes
+// first. The gate's busy time is the compute busy time of every gated context.
 //
 
-typedef struct bevy_gate bevy_gate;
-
-BEVY_API bevy_gate * bevy_gate_new(int32_t capacity);  // contexts computing at once
-BEVY_API void        bevy_gate_free(bevy_gate * gate);  // after the hooks that use it
-BEVY_API int32_t     bevy_hook_set_gate(bevy_hook * hook, bevy_gate * gate);
+// gated contexts computing at once (default 1)
+BEVY_API int32_t bevy_cache_set_concurrency(bevy_cache * cache, int32_t n);
+BEVY_API int32_t bevy_hook_set_gated(bevy_hook * hook, int32_t gated);
 // before each llama_decode of the hook's context: its progress (the token it decodes), and
 // entering the gate; bevy_hook_end after the decode (idempotent: graph done leaves too)
-BEVY_API void        bevy_hook_begin(bevy_hook * hook, int64_t token);
-BEVY_API void        bevy_hook_end(bevy_hook * hook);
+BEVY_API void    bevy_hook_begin(bevy_hook * hook, int64_t token);
+BEVY_API void    bevy_hook_end(bevy_hook * hook);
+
+//
+// Events, for timelines: off until bevy_cache_trace(cache, max_events) (0 turns them off).
+// Times are CLOCK_MONOTONIC nanoseconds (Python: time.monotonic_ns()).
+//
+
+enum bevy_event_kind {
+    BEVY_EVENT_WAIT    = 0, // context waits for its experts (and the gate) at layer
+    BEVY_EVENT_COMPUTE = 1, // context computes layer
+    BEVY_EVENT_LOAD    = 2, // one expert crosses the link (context = upload worker)
+};
+
+typedef struct bevy_event {
+    int32_t kind;
+    int32_t context;
+    int32_t layer;
+    int32_t expert;
+    int64_t t0_ns;
+    int64_t t1_ns;
+} bevy_event;
+
+BEVY_API void    bevy_cache_trace(bevy_cache * cache, int64_t max_events);
+// moves up to max recorded events into out (oldest first); returns how many
+BEVY_API int64_t bevy_cache_events(bevy_cache * cache, bevy_event * out, int64_t max);
+BEVY_API int64_t bevy_now_ns(void);
 
 //
 // Prefetch (the predictive baseline): at layer il the hook applies layer il+1's router to

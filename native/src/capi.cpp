@@ -22,10 +22,6 @@ struct bevy_cache {
     std::unique_ptr<bevy::ExpertCache> cache;
 };
 
-struct bevy_gate {
-    bevy::ComputeGate gate;
-};
-
 struct bevy_hook {
     bevy::ExpertCache *  cache;
     int32_t              id;              // registration in the cache (its position steers eviction)
@@ -35,9 +31,11 @@ struct bevy_hook {
     std::vector<int64_t> slot_of;         // scratch: expert -> slot for this call
     std::string          error;
 
-    bevy::ComputeGate *  gate    = nullptr; // runahead: bounded, lagging-first compute
+    bevy::ComputeGate *  gate    = nullptr; // the cache's gate when this context is gated
     bool                 holding = false;
     int64_t              token   = 0;       // the token this context decodes (its progress)
+    int32_t              computing = -1;    // the layer it computes since computing_since (-1: none)
+    int64_t              computing_since = 0;
 
     bool                 prefetch = false;  // predict layer il + 1 from layer il's router input
     std::vector<int32_t> predicted;         // experts predicted for predicted_il
@@ -49,6 +47,14 @@ struct bevy_hook {
         if (holding) {
             gate->leave();
             holding = false;
+        }
+    }
+
+    // the layer computed since the last hook is done
+    void end_compute(int64_t now) {
+        if (computing >= 0) {
+            cache->events().add({bevy::kEventCompute, id, computing, -1, computing_since, now});
+            computing = -1;
         }
     }
 };
@@ -216,6 +222,7 @@ int32_t bevy_cache_counters(const bevy_cache * cache, int32_t il, bevy_counters 
     out->prefetch_hits   = c.prefetch_hits;
     out->prefetch_wasted = c.prefetch_wasted;
     out->prefetch_missed = c.prefetch_missed;
+    out->compute_busy_ns = il < 0 ? cache->cache->gate().busy_ns() : 0;
     out->link_busy_ns = il < 0 ? cache->cache->link_busy_ns() : 0;
     return 0;
 }
@@ -322,8 +329,10 @@ void score_prediction(bevy_hook * hook, int32_t il) {
 int32_t bevy_hook_fn(void * user_data, const bevy_moe_call * call) {
     auto * hook = static_cast<bevy_hook *>(user_data);
     return guarded([&]() -> int32_t {
+        const int64_t t_enter = bevy::now_ns();
         hook->cache->release(hook->pins); // the previous layer's matmuls are done
         hook->leave_gate();               // and this context may have to wait now
+        hook->end_compute(t_enter);
         if (call->il < 0) {
             return 0; // graph done
         }
@@ -379,25 +388,28 @@ int32_t bevy_hook_fn(void * user_data, const bevy_moe_call * call) {
             hook->gate->enter(bevy::gate_key(hook->token, call->il, hook->id));
             hook->holding = true;
         }
+        const int64_t t_start = bevy::now_ns();
+        hook->cache->events().add({bevy::kEventWait, hook->id, call->il, -1, t_enter, t_start});
+        if (rc == 0) {
+            hook->computing       = call->il;
+            hook->computing_since = t_start;
+        }
         return rc;
     }, -1);
 }
 
-bevy_gate * bevy_gate_new(int32_t capacity) {
-    if (capacity <= 0) {
-        g_error = "a compute gate needs a positive capacity";
-        return nullptr;
+int32_t bevy_cache_set_concurrency(bevy_cache * cache, int32_t n) {
+    if (n <= 0) {
+        g_error = "concurrency must be positive";
+        return -1;
     }
-    return guarded([&]() -> bevy_gate * { return new bevy_gate{bevy::ComputeGate(capacity)}; }, nullptr);
+    cache->cache->gate().set_capacity(n);
+    return 0;
 }
 
-void bevy_gate_free(bevy_gate * gate) {
-    delete gate;
-}
-
-int32_t bevy_hook_set_gate(bevy_hook * hook, bevy_gate * gate) {
+int32_t bevy_hook_set_gated(bevy_hook * hook, int32_t gated) {
     hook->leave_gate();
-    hook->gate = gate ? &gate->gate : nullptr;
+    hook->gate = gated ? &hook->cache->gate() : nullptr;
     return 0;
 }
 
@@ -411,6 +423,20 @@ void bevy_hook_begin(bevy_hook * hook, int64_t token) {
 
 void bevy_hook_end(bevy_hook * hook) {
     hook->leave_gate();
+    hook->end_compute(bevy::now_ns());
+}
+
+void bevy_cache_trace(bevy_cache * cache, int64_t max_events) {
+    cache->cache->events().enable(max_events);
+}
+
+int64_t bevy_cache_events(bevy_cache * cache, bevy_event * out, int64_t max) {
+    static_assert(sizeof(bevy_event) == sizeof(bevy::Event), "bevy_event layout");
+    return cache->cache->events().drain(reinterpret_cast<bevy::Event *>(out), max);
+}
+
+int64_t bevy_now_ns(void) {
+    return bevy::now_ns();
 }
 
 int32_t bevy_hook_set_prefetch(bevy_hook * hook, int32_t enable) {

@@ -1,6 +1,7 @@
 // ComputeGate: bounds how many contexts compute at once; the most lagging waiter goes first.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -17,7 +18,11 @@ public:
     void enter(uint64_t key);
     void leave();
 
+    void    set_capacity(int32_t capacity);
     int32_t capacity() const { return capacity_; }
+
+    // nanoseconds during which at least one context computed
+    uint64_t busy_ns();
 
 private:
     std::mutex              mutex_;
@@ -25,6 +30,8 @@ private:
     std::set<uint64_t>      waiting_;
     int32_t                 active_ = 0;
     int32_t                 capacity_;
+    std::chrono::steady_clock::time_point busy_since_{};
+    uint64_t                busy_ns_ = 0;
 };
 
 // the priority key of a context about to compute `layer` of token `token`

@@ -29,7 +29,8 @@ ExpertCache::ExpertCache(const CacheConfig & cfg, Link * link, std::string & err
         }
         memory_.push_back(mem);
     }
-    queue_ = std::make_unique<UploadQueue>(cfg.n_workers, [this](const LoadJob & job) { load(job); });
+    queue_ = std::make_unique<UploadQueue>(cfg.n_workers,
+                                           [this](const LoadJob & job, int32_t worker) { load(job, worker); });
     ok_    = true;
 }
 
@@ -40,15 +41,17 @@ ExpertCache::~ExpertCache() {
     }
 }
 
-void ExpertCache::load(const LoadJob & job) {
+void ExpertCache::load(const LoadJob & job, int32_t worker) {
     std::string err;
     bool ok = true;
+    const int64_t t0 = now_ns();
     for (int32_t k = 0; k < cfg_.n_kinds && ok; ++k) {
         const uint64_t nbytes = cfg_.kind_bytes[k];
         const uint64_t offset = sources_[(size_t) job.layer * cfg_.n_kinds + k] + (uint64_t) job.expert * nbytes;
         char * dst = static_cast<char *>(memory_[k]) + (uint64_t) job.slot * nbytes;
         ok = link_->read(offset, nbytes, dst, err);
     }
+    events_.add({kEventLoad, worker, job.layer, job.expert, t0, now_ns()});
     {
         std::lock_guard<std::mutex> lock(mutex_);
         if (ok) {

@@ -1,6 +1,8 @@
 // ExpertCache: a byte budget of slots in fast memory, filled over a link by an upload queue.
 #pragma once
 
+#include "compute_gate.hpp"
+#include "event_log.hpp"
 #include "links.hpp"
 #include "slot_directory.hpp"
 #include "upload_queue.hpp"
@@ -84,6 +86,10 @@ public:
     // unpin (and clear) pins
     void release(std::vector<int64_t> & pins);
 
+    // contexts whose hooks are gated compute at most `capacity` at once, lagging first
+    ComputeGate & gate() { return gate_; }
+    EventLog &    events() { return events_; }
+
     Counters counters(int32_t il) const; // il < 0: all layers
     int64_t  pinned() const {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -93,7 +99,7 @@ public:
     void     reset_counters();
 
 private:
-    void load(const LoadJob & job);
+    void load(const LoadJob & job, int32_t worker);
 
     CacheConfig             cfg_;
     Link *                  link_;
@@ -111,6 +117,9 @@ private:
     std::vector<int32_t>    positions_;  // per registered context: the layer it computes (-1: idle)
     std::vector<std::vector<float>> routers_; // per layer: router weights, for prefetch
     int32_t                 router_n_embd_ = 0;
+
+    ComputeGate             gate_{1};
+    EventLog                events_;
 
     std::unique_ptr<UploadQueue> queue_; // last: its workers stop before the rest goes away
 };

@@ -4,7 +4,7 @@ namespace bevy {
 
 UploadQueue::UploadQueue(int32_t n_workers, Runner run) : run_(std::move(run)) {
     for (int32_t i = 0; i < n_workers; ++i) {
-        workers_.emplace_back([this] { worker(); });
+        workers_.emplace_back([this, i] { worker(i); });
     }
 }
 
@@ -27,7 +27,7 @@ void UploadQueue::push(const LoadJob & job) {
     cv_.notify_one();
 }
 
-void UploadQueue::worker() {
+void UploadQueue::worker(int32_t index) {
     using clock = std::chrono::steady_clock;
     for (;;) {
         LoadJob job;
@@ -46,7 +46,7 @@ void UploadQueue::worker() {
                 busy_since_ = clock::now();
             }
         }
-        run_(job);
+        run_(job, index);
         {
             std::lock_guard<std::mutex> lock(busy_mutex_);
             if (--active_ == 0) {

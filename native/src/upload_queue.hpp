@@ -22,7 +22,7 @@ struct LoadJob {
 
 class UploadQueue {
 public:
-    using Runner = std::function<void(const LoadJob &)>;
+    using Runner = std::function<void(const LoadJob &, int32_t worker)>;
 
     UploadQueue(int32_t n_workers, Runner run);
     ~UploadQueue(); // orderly: stop, wake, join
@@ -45,7 +45,7 @@ private:
         }
     };
 
-    void worker();
+    void worker(int32_t index);
 
     std::mutex                        mutex_;
     std::condition_variable           cv_;

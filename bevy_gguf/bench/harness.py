@@ -1,0 +1,256 @@
+"""`bevy-gguf bench`: every system on identical requests, side by side, in one invocation.
+
+Protocol (DESIGN.md §6): teacher-forced text workload (or real generation), cold cache per run,
+each run in its own process (stock runs on the stock libllama), systems interleaved across
+repeats, medians reported with every repeat kept. Per cache point the bound is the larger of
+the compute time at full batching (stock-resident's decode) and the link time of the
+Belady-optimal misses of the recorded blocking order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from bevy_gguf.bench.memcap import MemoryCap, evict_page_cache
+from bevy_gguf.bench.worker import BEVY_SYSTEMS, SYSTEMS
+from bevy_gguf.engine.expert_cache import CacheLayout, hit_rate
+from bevy_gguf.errors import BevyError
+from bevy_gguf.gguf_info import inspect_model
+from bevy_gguf.offload import LinkSpec, parse_cache_size
+
+WORKER_TIMEOUT_S = 900
+TRACE_EVENTS = 2_000_000
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    model: Path
+    parallel: int = 8
+    requests: int = 8
+    prompt_tokens: int = 16
+    steps: int = 64
+    threads: int = 2
+    link: str = "file"
+    eviction: str = "next-use"
+    repeats: int = 3
+    systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
+    caches: list[str] = field(default_factory=lambda: ["25%"])
+    workload: str = "text"
+    seed: int = 0
+    timeline: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.systems if s not in SYSTEMS]
+        if unknown:
+            raise BevyError(f"unknown system(s) {', '.join(unknown)}: choose from {', '.join(SYSTEMS)}")
+        if self.workload not in ("text", "generate"):
+            raise BevyError(f"--workload {self.workload}: choose text or generate")
+        if self.repeats < 1:
+            raise BevyError("--repeats must be at least 1")
+        LinkSpec.parse(self.link)
+
+
+def _spec(cfg: BenchConfig, system: str, cache: str, trace_events: int = 0) -> dict[str, Any]:
+    return {"model": str(cfg.model), "system": system, "cache": cache, "link": cfg.link, "parallel": cfg.parallel,
+            "requests": cfg.requests, "threads": cfg.threads, "prompt_tokens": cfg.prompt_tokens, "steps": cfg.steps,
+            "workload": cfg.workload, "seed": cfg.seed, "eviction": cfg.eviction, "trace_events": trace_events}
+
+
+def run_worker(spec: dict[str, Any], cap: MemoryCap | None = None) -> dict[str, Any]:
+    """One run in a fresh process (inside cap's cgroup if given); its JSON, or an error row."""
+    preexec = (lambda: cap.join(os.getpid())) if cap is not None else None
+    try:
+        proc = subprocess.run([sys.executable, "-m", "bevy_gguf.bench.worker", json.dumps(spec)],
+                              capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, preexec_fn=preexec)
+    except subprocess.TimeoutExpired:
+        return {"system": spec["system"], "error": f"timed out after {WORKER_TIMEOUT_S} s"}
+    if proc.returncode != 0:
+        if cap is not None and proc.returncode < 0:
+            return {"system": spec["system"], "error": f"killed by the memory cap (signal {-proc.returncode})"}
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return {"system": spec["system"], "error": f"worker exited {proc.returncode}: {tail}"}
+    return json.loads(proc.stdout)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the repeats of one system at one cache point (§3 bench --json row)."""
+    ok = [r for r in runs if "error" not in r]
+    row: dict[str, Any] = {"system": system, "cache": cache_pct, "repeats": [r.get("tok_per_s") for r in ok]}
+    if not ok:
+        row |= {"status": runs[0]["error"] if runs else "not run", "tok_per_s": None, "cache_bytes": None,
+                "tpot_p50_ms": None, "tpot_p99_ms": None, "ttft_ms": None, "hit_rate": None, "bytes_loaded": None,
+                "overlap_efficiency": None, "link_utilization": None}
+        return row
+    tpot = [t for r in ok for t in r["tpot_ms"]]
+    counters = [r.get("decode_counters") for r in ok if r.get("decode_counters")]
+    overlap = [max(r["compute_busy_s"], r["link_busy_s"]) / r["decode_s"] for r in ok if r["decode_s"] > 0]
+    link_util = [r["link_busy_s"] / r["decode_s"] for r in ok if r["decode_s"] > 0]
+    row |= {
+        "status": "ok" if len(ok) == len(runs) else f"{len(runs) - len(ok)} of {len(runs)} runs failed",
+        "tok_per_s": _median([r["tok_per_s"] for r in ok]),
+        "cache_bytes": ok[0].get("cache_bytes"),
+        "tpot_p50_ms": _percentile(tpot, 50), "tpot_p99_ms": _percentile(tpot, 99),
+        "ttft_ms": _median([statistics.median(r["ttft_ms"]) for r in ok if r["ttft_ms"]]),
+        "hit_rate": _median([hit_rate(c) for c in counters]) if counters else None,
+        "bytes_loaded": _median([c["bytes_loaded"] for c in counters]) if counters else None,
+        "overlap_efficiency": _median(overlap), "link_utilization": _median(link_util),
+        "compute_busy_s": _median([r["compute_busy_s"] for r in ok]),
+        "link_busy_s": _median([r["link_busy_s"] for r in ok]), "decode_s": _median([r["decode_s"] for r in ok]),
+        "stall_s": _median([c["stall_ns"] / 1e9 for c in counters]) if counters else None,
+        "peak_rss_bytes": _median([r["peak_rss_bytes"] for r in ok]), "link": ok[0].get("link"),
+        "micro_batch": ok[0].get("micro_batch"),
+    }
+    if counters and counters[0].get("prefetch_loads"):
+        tp = sum(c["prefetch_hits"] for c in counters)
+        row["prefetch_precision"] = tp / max(tp + sum(c["prefetch_wasted"] for c in counters), 1)
+        row["prefetch_recall"] = tp / max(tp + sum(c["prefetch_missed"] for c in counters), 1)
+    return row
+
+
+def reference_order(cfg: BenchConfig) -> dict[str, Any]:
+    """The routing of the workload (recorded in a patched process: teacher forcing makes it the
+    same for every system) as prefill + decode visits."""
+    code = ("import json,sys\nfrom bevy_gguf.tracecmd import trace_workload\nfrom bevy_gguf.replay import blocking_order\n"
+            "sel,n,pre=trace_workload(sys.argv[1],int(sys.argv[2]),int(sys.argv[3]),int(sys.argv[4]),int(sys.argv[5]),"
+            "with_prefill=True)\nprint(json.dumps({'prefill':pre,'decode':blocking_order(sel)}))")
+    proc = subprocess.run([sys.executable, "-c", code, str(cfg.model), str(cfg.requests), str(cfg.prompt_tokens),
+                           str(cfg.steps), str(cfg.threads)], capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise BevyError(f"recording the reference routing failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout)
+
+
+def belady_misses(order: dict[str, Any], n_slots: int) -> int:
+    from bevy_gguf.replay import belady_hits
+
+    visits = [tuple(v) for v in order["prefill"]] + [tuple(v) for v in order["decode"]]
+    decode_lookups = sum(len(e) for _, e in order["decode"])
+    return decode_lookups - belady_hits(visits, n_slots, count_from=len(order["prefill"]))
+
+
+def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
+    info = inspect_model(cfg.model)
+    layout = CacheLayout.of(info)
+    cache_points = [(c, 100 * parse_cache_size(c, info.expert_bytes) / info.expert_bytes) for c in cfg.caches]
+    others = [s for s in cfg.systems if s != "stock-resident"]
+    plan = cfg.repeats * (("stock-resident" in cfg.systems or "stock-offload" in cfg.systems)
+                          + len(cache_points) * len(others))
+    bar = tqdm(total=plan, desc="bench", unit="run", disable=not progress)
+    resident: list[dict[str, Any]] = []
+    runs: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    timelines: dict[str, dict[str, Any]] = {}
+    cap_notes: dict[float, str] = {}
+    for repeat in range(cfg.repeats):
+        if "stock-resident" in cfg.systems or "stock-offload" in cfg.systems:
+            bar.set_postfix_str(f"stock-resident, repeat {repeat + 1}")
+            resident.append(run_worker(_spec(cfg, "stock-resident", "100%")))
+            bar.update()
+        for cache, pct in cache_points:
+            for system in others:
+                bar.set_postfix_str(f"{system} at {cache}, repeat {repeat + 1}")
+                trace = TRACE_EVENTS if (cfg.timeline and repeat == 0 and cache == cache_points[0][0]
+                                         and system in BEVY_SYSTEMS) else 0
+                if system == "stock-offload":
+                    result = _run_offload(cfg, info, pct, resident, cap_notes)
+                else:
+                    result = run_worker(_spec(cfg, system, cache, trace))
+                if trace and "error" not in result:
+                    timelines[system] = {"events": result.pop("events"), "request_times": result["request_times"]}
+                result.pop("events", None)
+                runs.setdefault((system, pct), []).append(result)
+                bar.update()
+    bar.close()
+
+    rows = []
+    if "stock-resident" in cfg.systems:
+        rows.append(summarize_row("stock-resident", 100.0, resident))
+    for cache, pct in cache_points:
+        for system in others:
+            row = summarize_row(system, pct, runs[(system, pct)])
+            if system == "stock-offload" and pct in cap_notes:
+                row["memory_cap"] = cap_notes[pct]
+            rows.append(row)
+
+    # the bound of each cache point
+    ok_resident = [r for r in resident if "error" not in r]
+    compute_s = _median([r["decode_s"] for r in ok_resident]) if ok_resident else None
+    link_rate = _link_rate(cfg, rows)
+    order = reference_order(cfg)
+    decode_tokens = cfg.requests * cfg.steps
+    bound = []
+    for cache, pct in cache_points:
+        n_slots = min(parse_cache_size(cache, info.expert_bytes) // layout.slot_bytes, info.n_layer * info.n_expert)
+        misses = belady_misses(order, n_slots)
+        link_s = misses * layout.slot_bytes / link_rate if link_rate else None
+        limit = max(x for x in (compute_s, link_s) if x is not None) if (compute_s or link_s) else None
+        bound.append({"cache": pct, "tok_per_s": decode_tokens / limit if limit else None, "belady_misses": misses,
+                      "belady_bytes": misses * layout.slot_bytes, "compute_s": compute_s, "link_s": link_s})
+    for row in rows:
+        b = next((b for b in bound if b["cache"] == row["cache"]), None)
+        row["pct_of_bound"] = (row["tok_per_s"] / b["tok_per_s"]) if (b and b["tok_per_s"] and row["tok_per_s"]) else None
+    protocol = asdict(cfg) | {"model": str(cfg.model), "model_bytes": info.file_bytes, "expert_bytes": info.expert_bytes,
+                              "slot_bytes": layout.slot_bytes, "decode_tokens": decode_tokens,
+                              "link_rate_bytes_per_s": link_rate, "machine": _machine()}
+    return {"protocol": protocol, "runs": rows, "bound": bound, "timelines": timelines}
+
+
+def _run_offload(cfg: BenchConfig, info: Any, pct: float, resident: list[dict[str, Any]],
+                 notes: dict[float, str]) -> dict[str, Any]:
+    """stock-offload: stock llama.cpp (mmap) in a memory cgroup capped at the stock-resident
+    peak RSS - expert bytes + the cache share of the expert bytes."""
+    peaks = [r["peak_rss_bytes"] for r in resident if "error" not in r]
+    if not peaks:
+        return {"system": "stock-offload", "error": "unavailable: stock-resident did not run, so no cap"}
+    limit = int(max(peaks) - info.expert_bytes + info.expert_bytes * pct / 100)
+    cap = MemoryCap(limit)
+    if not cap.available:
+        return {"system": "stock-offload", "error": f"unavailable: {cap.reason}"}
+    notes[pct] = f"cgroup v{cap.version} memory cap {limit / 2**20:.1f} MiB"
+    try:
+        evict_page_cache(cfg.model)
+        return run_worker(_spec(cfg, "stock-offload", f"{pct}%"), cap=cap)
+    finally:
+        cap.close()
+
+
+def _link_rate(cfg: BenchConfig, rows: list[dict[str, Any]]) -> float | None:
+    """Bytes/s of the link: the throttle's rate, else measured (blocking's bytes / link busy)."""
+    spec = LinkSpec.parse(cfg.link)
+    if spec.rate:
+        return spec.rate
+    rates = [r["bytes_loaded"] / r["link_busy_s"] for r in rows
+             if r["system"] in BEVY_SYSTEMS and r.get("bytes_loaded") and r.get("link_busy_s")]
+    return max(rates) if rates else None
+
+
+def _machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Linux {os.uname().release}"

@@ -1,0 +1,152 @@
+"""Bench outputs: report.md, report.json, throughput.png and timeline.json (Chrome/Perfetto)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bevy_gguf import native
+
+TARGETS = "DESIGN.md §6"
+
+
+def _fmt(value: Any, spec: str = ".1f", none: str = "-") -> str:
+    return none if value is None else format(value, spec)
+
+
+def markdown(report: dict[str, Any], command: str) -> str:
+    p = report["protocol"]
+    link = next((r["link"] for r in report["runs"] if r.get("link")), p["link"])
+    lines = [
+        "# bevy-gguf bench",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {p['machine']}. Model: `{Path(p['model']).name}` ({p['model_bytes'] / 1e6:.0f} MB, "
+        f"{p['expert_bytes'] / 1e6:.0f} MB of routed experts, {p['slot_bytes'] / 1e3:.0f} kB per expert).",
+        f"Workload: {p['workload']} ({'teacher-forced texts' if p['workload'] == 'text' else 'greedy generation'}), "
+        f"{p['requests']} requests, {p['prompt_tokens']}-token prompts, {p['steps']} decode steps each, "
+        f"--parallel {p['parallel']}, {p['threads']} threads. Link: {link}"
+        + (f", measured {p['link_rate_bytes_per_s'] / 1e9:.2f} GB/s" if p.get("link_rate_bytes_per_s") else "")
+        + f". {p['repeats']} runs per row (median), systems interleaved, cold cache per run.",
+        "",
+        "| system | cache | tok/s | % of bound | TPOT p50 / p99 ms | TTFT ms | hit rate | MB loaded | link util | "
+        "overlap eff. | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["runs"]:
+        status = r.get("status", "")
+        if r.get("memory_cap"):
+            status += f" ({r['memory_cap']})"
+        lines.append(
+            f"| {r['system']} | {r['cache']:.0f}% | {_fmt(r['tok_per_s'])} | "
+            f"{_fmt(r['pct_of_bound'] and 100 * r['pct_of_bound'], '.0f')} | "
+            f"{_fmt(r['tpot_p50_ms'])} / {_fmt(r['tpot_p99_ms'])} | {_fmt(r['ttft_ms'], '.0f')} | "
+            f"{_fmt(r['hit_rate'], '.3f')} | {_fmt(r['bytes_loaded'] and r['bytes_loaded'] / 1e6, '.0f')} | "
+            f"{_fmt(r.get('link_utilization'), '.2f')} | {_fmt(r['overlap_efficiency'], '.2f')} | {status} |")
+    lines += ["", "Bound per cache point (the larger of compute at full batching, stock-resident's decode time, and "
+              "the link time of Belady's optimal misses of the recorded order):", "",
+              "| cache | bound tok/s | Belady misses | compute s | link s |", "|---|---|---|---|---|"]
+    for b in report["bound"]:
+        lines.append(f"| {b['cache']:.0f}% | {_fmt(b['tok_per_s'])} | {b['belady_misses']} | "
+                     f"{_fmt(b['compute_s'], '.2f')} | {_fmt(b['link_s'], '.2f')} |")
+    ratios = ratio_table(report)
+    if ratios:
+        lines += ["", f"Ratios measured in this run (targets: {TARGETS}):", "", "| ratio | cache | value |",
+                  "|---|---|---|"]
+        lines += [f"| {name} | {cache:.0f}% | {value:.2f} |" for name, cache, value in ratios]
+    lines += ["", "Definitions: tok/s = decode tokens / decode wall time (prefill excluded, TTFT apart); compute busy ="
+              " time at least one graph computes; link busy = time at least one transfer is in flight; overlap "
+              "efficiency = max(compute busy, link busy) / decode wall time.", ""]
+    return "\n".join(lines)
+
+
+def ratio_table(report: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """bevy against every other system at each cache point, and bevy at 100% vs stock-resident."""
+    by = {(r["system"], r["cache"]): r["tok_per_s"] for r in report["runs"] if r["tok_per_s"]}
+    out = []
+    for (system, cache), tps in sorted(by.items(), key=lambda x: (x[0][1], x[0][0])):
+        if system != "bevy":
+            continue
+        for other in ("blocking", "prefetch", "bevy-ctx", "stock-offload"):
+            if (other, cache) in by:
+                out.append((f"bevy / {other}", cache, tps / by[(other, cache)]))
+        if ("stock-resident", 100.0) in by and cache == 100.0:
+            out.append(("bevy / stock-resident", cache, tps / by[("stock-resident", 100.0)]))
+    return out
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    systems = sorted({r["system"] for r in report["runs"]})
+    for system in systems:
+        pts = sorted((r["cache"], r["tok_per_s"]) for r in report["runs"] if r["system"] == system and r["tok_per_s"])
+        if not pts:
+            continue
+        if system == "stock-resident":
+            ax.axhline(pts[0][1], linestyle=":", color="gray", label="stock-resident (all in RAM)")
+        else:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
+    bound = sorted((b["cache"], b["tok_per_s"]) for b in report["bound"] if b["tok_per_s"])
+    if bound:
+        ax.plot([b[0] for b in bound], [b[1] for b in bound], linestyle="--", color="black", label="bound")
+    ax.set_xlabel("expert cache (% of routed expert bytes)")
+    ax.set_ylabel("decode tok/s")
+    link = report["protocol"]["link"]
+    ax.set_title(f"decode throughput vs cache size (link: {link})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def timeline(report: dict[str, Any]) -> dict[str, Any]:
+    """Chrome trace: per system, a track per request (its decode steps), per context (the layer
+    it waits on or computes) and per upload worker (the experts crossing the link)."""
+    events: list[dict[str, Any]] = []
+    names = {native.EVENT_WAIT: "wait", native.EVENT_COMPUTE: "compute"}
+    for n, (system, data) in enumerate(sorted(report.get("timelines", {}).items())):
+        base_pid = 10 * (n + 1)
+        raw = data["events"]
+        starts = [e[4] for e in raw] + [int(t * 1e9) for ts in data["request_times"] for t in ts[:1]]
+        t0 = min(starts) if starts else 0
+        pids = {"requests": base_pid, "contexts": base_pid + 1, "link": base_pid + 2}
+        for label, pid in pids.items():
+            events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"{system}: {label}"}})
+        for i, times in enumerate(data["request_times"]):
+            events.append({"name": "thread_name", "ph": "M", "pid": pids["requests"], "tid": i,
+                           "args": {"name": f"request {i}"}})
+            for step, (a, b) in enumerate(zip(times, times[1:])):
+                events.append({"name": f"token {step + 1}", "ph": "X", "pid": pids["requests"], "tid": i,
+                               "ts": (a * 1e9 - t0) / 1e3, "dur": (b - a) * 1e6})
+        for kind, ctx, layer, expert, a, b in raw:
+            if kind == native.EVENT_LOAD:
+                events.append({"name": f"L{layer} E{expert}", "cat": "load", "ph": "X", "pid": pids["link"],
+                               "tid": ctx, "ts": (a - t0) / 1e3, "dur": (b - a) / 1e3})
+            else:
+                events.append({"name": f"{names[kind]} L{layer}", "cat": names[kind], "ph": "X",
+                               "pid": pids["contexts"], "tid": ctx, "ts": (a - t0) / 1e3, "dur": (b - a) / 1e3})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_outputs(report: dict[str, Any], out: Path, command: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "report.md", out / "report.json", out / "throughput.png", out / "timeline.json"]
+    paths[0].write_text(markdown(report, command))
+    paths[1].write_text(json.dumps(public_json(report), indent=1))
+    plot(report, paths[2])
+    paths[3].write_text(json.dumps(timeline(report)))
+    return paths
+
+
+def public_json(report: dict[str, Any]) -> dict[str, Any]:
+    """The §3 bench document (timelines go to timeline.json)."""
+    return {"protocol": report["protocol"], "runs": report["runs"], "bound": report["bound"],
+            "ratios": [{"ratio": n, "cache": c, "value": v} for n, c, v in ratio_table(report)]}

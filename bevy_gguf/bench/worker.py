@@ -1,0 +1,87 @@
+"""One benchmark run in its own process: a system at a cache point; prints one JSON object.
+
+usage: python -m bevy_gguf.bench.worker '<spec json>'
+Every run starts cold (a fresh process, an empty expert cache); stock runs load the stock
+libllama, the others the patched one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bevy_gguf.errors import BevyError
+from bevy_gguf.generate import OffloadConfig, RunResult, run_bevy, run_stock
+from bevy_gguf.prompts import workload_requests
+
+STOCK_SYSTEMS = ("stock-resident", "stock-offload")
+BEVY_SYSTEMS = ("blocking", "prefetch", "bevy-ctx", "bevy")
+SYSTEMS = STOCK_SYSTEMS + BEVY_SYSTEMS
+
+
+def peak_rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def inter_token_ms(result: RunResult) -> list[float]:
+    """Time between consecutive outputs of each request (decode steps only)."""
+    return [1e3 * (b - a) for r in result.requests for a, b in zip(r.times, r.times[1:])]
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    system = spec["system"]
+    model = Path(spec["model"])
+    forced = spec.get("workload", "text") == "text"
+
+    def make_requests(m):  # noqa: ANN001, ANN202
+        return workload_requests(m, spec["requests"], spec["prompt_tokens"], spec["steps"], seed=spec.get("seed", 0),
+                                 forced=forced)
+
+    if system in STOCK_SYSTEMS:
+        result = run_stock(model, make_requests, spec["parallel"], spec["threads"])
+    elif system in BEVY_SYSTEMS:
+        offload = OffloadConfig(scheduler=system, expert_cache=spec["cache"], link=spec.get("link", "file"),
+                                eviction=spec.get("eviction", "next-use"))
+        result = run_bevy(model, make_requests, spec["parallel"], spec["threads"], offload,
+                          trace_events=spec.get("trace_events", 0))
+    else:
+        raise BevyError(f"unknown system {system!r}: choose from {', '.join(SYSTEMS)}")
+    s = result.stats
+    out: dict[str, Any] = {
+        "system": system, "decode_tokens": s.decode_tokens, "decode_s": s.decode_s, "prefill_s": s.prefill_s,
+        "tok_per_s": s.tok_per_s, "tpot_ms": inter_token_ms(result),
+        "ttft_ms": [1e3 * r.ttft_s for r in result.requests if r.ttft_s is not None],
+        "peak_rss_bytes": peak_rss_bytes(), "errors": [r.error for r in result.requests if r.error],
+        "request_times": [r.times for r in result.requests],
+    }
+    if result.cache is not None:
+        d = result.cache["decode"]
+        out |= {"cache_bytes": result.cache["bytes"], "link": result.cache["link"], "decode_counters": d,
+                "micro_batch": result.cache["micro_batch"], "events": result.cache["events"],
+                "compute_busy_s": d.get("compute_busy_ns", 0) / 1e9, "link_busy_s": d.get("link_busy_ns", 0) / 1e9}
+    else:
+        out |= {"compute_busy_s": s.decode_s, "link_busy_s": 0.0}
+    return out
+
+
+def main() -> int:
+    spec = json.loads(sys.argv[1])
+    t0 = time.perf_counter()
+    try:
+        out = run(spec)
+    except BevyError as e:
+        print(json.dumps({"system": spec.get("system"), "error": str(e)}))
+        return 0
+    out["wall_s"] = time.perf_counter() - t0
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
