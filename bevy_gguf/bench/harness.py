@@ -130,11 +130,9 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]]) -> 
 def reference_order(cfg: BenchConfig) -> dict[str, Any]:
     """The routing of the workload (recorded in a patched process: teacher forcing makes it the
     same for every system) as prefill + decode visits."""
-    code = ("import json,sys\nfrom bevy_gguf.tracecmd import trace_workload\nfrom bevy_gguf.replay import blocking_order\n"
-            "sel,n,pre=trace_workload(sys.argv[1],int(sys.argv[2]),int(sys.argv[3]),int(sys.argv[4]),int(sys.argv[5]),"
-            "with_prefill=True)\nprint(json.dumps({'prefill':pre,'decode':blocking_order(sel)}))")
-    proc = subprocess.run([sys.executable, "-c", code, str(cfg.model), str(cfg.requests), str(cfg.prompt_tokens),
-                           str(cfg.steps), str(cfg.threads)], capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+    args = [str(cfg.model), str(cfg.requests), str(cfg.prompt_tokens), str(cfg.steps), str(cfg.threads)]
+    proc = subprocess.run([sys.executable, "-m", "bevy_gguf.bench.reference", *args], capture_output=True, text=True,
+                          timeout=WORKER_TIMEOUT_S)
     if proc.returncode != 0:
         raise BevyError(f"recording the reference routing failed: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout)
@@ -184,7 +182,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     rows = []
     if "stock-resident" in cfg.systems:
         rows.append(summarize_row("stock-resident", 100.0, resident))
-    for cache, pct in cache_points:
+    for _, pct in cache_points:
         for system in others:
             row = summarize_row(system, pct, runs[(system, pct)])
             if system == "stock-offload" and pct in cap_notes:
@@ -207,9 +205,11 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
                       "belady_bytes": misses * layout.slot_bytes, "compute_s": compute_s, "link_s": link_s})
     for row in rows:
         b = next((b for b in bound if b["cache"] == row["cache"]), None)
-        row["pct_of_bound"] = (row["tok_per_s"] / b["tok_per_s"]) if (b and b["tok_per_s"] and row["tok_per_s"]) else None
-    protocol = asdict(cfg) | {"model": str(cfg.model), "model_bytes": info.file_bytes, "expert_bytes": info.expert_bytes,
-                              "slot_bytes": layout.slot_bytes, "decode_tokens": decode_tokens,
+        ok = b and b["tok_per_s"] and row["tok_per_s"]
+        row["pct_of_bound"] = row["tok_per_s"] / b["tok_per_s"] if ok else None
+    protocol = asdict(cfg) | {"model": str(cfg.model), "model_bytes": info.file_bytes,
+                              "expert_bytes": info.expert_bytes, "slot_bytes": layout.slot_bytes,
+                              "decode_tokens": decode_tokens,
                               "link_rate_bytes_per_s": link_rate, "machine": _machine()}
     return {"protocol": protocol, "runs": rows, "bound": bound, "timelines": timelines}
 
