@@ -46,6 +46,7 @@ class Model:
         self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.n_layer = llama_cpp.llama_model_n_layer(self.ptr)
+        self.n_embd = llama_cpp.llama_model_n_embd(self.ptr)
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         data = text.encode("utf-8")
@@ -105,6 +106,8 @@ class Context:
         self.batch = lib.llama_batch_init(params.n_batch, 0, 1)
         self.explain_failure: Callable[[], str] | None = None  # set by whoever installs a hook
         self.hook: int | None = None  # the libbevy hook serving this context, if any
+        self._embd_batch = None  # a batch of hidden states, for layer-range calls
+        self._decode_layers = None
 
     def decode(self, tokens: list[tuple[int, int, int, bool]]) -> list[int]:
         """Decode (token, pos, seq_id, wants_logits) rows as one batch; returns the output rows."""
@@ -127,6 +130,46 @@ class Context:
             raise BevyError(f"llama_decode failed with code {rc} ({len(tokens)} tokens){': ' + why if why else ''}")
         return outputs
 
+    def decode_layers(self, rows: list[tuple[int, int, int, bool]], hidden: np.ndarray | None,
+                      il_begin: int, il_end: int, lookahead: bool, reuse: bool) -> None:
+        """Decode layers [il_begin, il_end) (+ the lookahead's attention and router) of rows
+        (token, pos, seq_id, wants_output); hidden [rows, n_embd] replaces the tokens when given
+        (patched libllama: llama_decode_layers)."""
+        from bevy_gguf import native
+
+        if self._decode_layers is None:
+            self._decode_layers = native.llama_decode_layers_fn(self.lib)
+        if len(rows) > self.params.n_batch:
+            raise BevyError(f"batch of {len(rows)} tokens exceeds n_batch={self.params.n_batch}")
+        if hidden is None:
+            b = self.batch
+        else:
+            if self._embd_batch is None:
+                self._embd_batch = self.lib.llama_batch_init(self.params.n_batch, self.model.n_embd, 1)
+            b = self._embd_batch
+            h = np.ascontiguousarray(hidden, dtype=np.float32)
+            ctypes.memmove(b.embd, h.ctypes.data, h.nbytes)
+        for i, (tok, pos, seq, out) in enumerate(rows):
+            if hidden is None:
+                b.token[i] = tok
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = out
+        b.n_tokens = len(rows)
+        rc = self._decode_layers(self.ptr, b, il_begin, il_end, lookahead, reuse)
+        if rc != 0:
+            why = self.explain_failure() if self.explain_failure else ""
+            raise BevyError(f"llama_decode_layers [{il_begin}, {il_end}) failed with code {rc}"
+                            f" ({len(rows)} tokens){': ' + why if why else ''}")
+
+    def hidden(self, n: int) -> np.ndarray:
+        """[n, n_embd] hidden states output by a partial layer-range call."""
+        ptr = self.lib.llama_get_embeddings(self.ptr)
+        if not ptr:
+            raise BevyError("no hidden states: the last call was not a partial layer range")
+        return np.ctypeslib.as_array(ptr, shape=(n, self.model.n_embd)).copy()
+
     def logits(self, row: int) -> np.ndarray:
         ptr = self.lib.llama_get_logits_ith(self.ptr, row)
         if not ptr:
@@ -139,6 +182,8 @@ class Context:
     def close(self) -> None:
         if self.ptr:
             self.lib.llama_batch_free(self.batch)
+            if self._embd_batch is not None:
+                self.lib.llama_batch_free(self._embd_batch)
             self.lib.llama_free(self.ptr)
             self.ptr = None
 

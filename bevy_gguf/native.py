@@ -29,6 +29,7 @@ class BevyMoeCall(ctypes.Structure):
         ("router_in", POINTER(ctypes.c_float)),
         ("router_in_stride", c_int64),
         ("n_embd", c_int32),
+        ("route_only", c_int32),
     ]
 
 
@@ -190,6 +191,34 @@ def libbevy() -> ctypes.CDLL:
     # int64_t bevy_cache_events(bevy_cache * cache, bevy_event * out, int64_t max);
     lib.bevy_cache_events.argtypes = [c_void_p, POINTER(BevyEvent), c_int64]
     lib.bevy_cache_events.restype = c_int64
+    # int32_t bevy_cache_query(bevy_cache * cache, int32_t il, const int32_t * experts, int32_t n,
+    #                          uint64_t priority, int32_t load, int32_t count);
+    lib.bevy_cache_query.argtypes = [c_void_p, c_int32, POINTER(c_int32), c_int32, c_uint64, c_int32, c_int32]
+    lib.bevy_cache_query.restype = c_int32
+    # int32_t bevy_cache_resident(const bevy_cache * cache, int32_t il);
+    lib.bevy_cache_resident.argtypes = [c_void_p, c_int32]
+    lib.bevy_cache_resident.restype = c_int32
+    # uint64_t bevy_cache_version(const bevy_cache * cache);
+    lib.bevy_cache_version.argtypes = [c_void_p]
+    lib.bevy_cache_version.restype = c_uint64
+    # int32_t bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, int32_t il);
+    lib.bevy_cache_wait.argtypes = [c_void_p, c_uint64, c_int32, c_int32]
+    lib.bevy_cache_wait.restype = c_int32
+    # int32_t bevy_cache_reserve(bevy_cache * cache, int32_t il, const int32_t * experts, int32_t n);
+    lib.bevy_cache_reserve.argtypes = [c_void_p, c_int32, POINTER(c_int32), c_int32]
+    lib.bevy_cache_reserve.restype = c_int32
+    # void bevy_cache_unreserve_all(bevy_cache * cache);
+    lib.bevy_cache_unreserve_all.argtypes = [c_void_p]
+    lib.bevy_cache_unreserve_all.restype = None
+    # void bevy_cache_set_upcoming(bevy_cache * cache, const int32_t * layers, int32_t n);
+    lib.bevy_cache_set_upcoming.argtypes = [c_void_p, POINTER(c_int32), c_int32]
+    lib.bevy_cache_set_upcoming.restype = None
+    # int32_t bevy_hook_set_counting(bevy_hook * hook, int32_t on, int32_t from_layer);
+    lib.bevy_hook_set_counting.argtypes = [c_void_p, c_int32, c_int32]
+    lib.bevy_hook_set_counting.restype = c_int32
+    # int64_t bevy_hook_routed(const bevy_hook * hook, int32_t * out, int64_t max_rows, int32_t * il);
+    lib.bevy_hook_routed.argtypes = [c_void_p, POINTER(c_int32), c_int64, POINTER(c_int32)]
+    lib.bevy_hook_routed.restype = c_int64
     # int64_t bevy_now_ns(void);
     lib.bevy_now_ns.argtypes = []
     lib.bevy_now_ns.restype = c_int64
@@ -236,6 +265,15 @@ def llama_set_moe_cache(llama_cpp: ModuleType, ctx: int, tensors: ctypes.Array, 
     fn.argtypes = [c_void_p, POINTER(LlamaMoeCacheTensor), c_int32, c_int32]
     fn.restype = c_int32
     return fn(ctx, tensors, len(tensors), n_slots)
+
+
+def llama_decode_layers_fn(llama_cpp: ModuleType) -> ctypes._CFuncPtr:
+    """int32_t llama_decode_layers(llama_context * ctx, llama_batch batch, int32_t il_begin, int32_t il_end,
+                                   bool lookahead, bool reuse);"""
+    fn = _patched_symbol(llama_cpp, "llama_decode_layers")
+    fn.argtypes = [c_void_p, llama_cpp.llama_batch, c_int32, c_int32, c_bool, c_bool]
+    fn.restype = c_int32
+    return fn
 
 
 def llama_moe_set_lazy_experts(llama_cpp: ModuleType, lazy: bool) -> None:

@@ -159,17 +159,18 @@ def apply_series(tree: Path) -> None:
     wanted = read_series()
     applied_dir = tree / APPLIED_DIR_NAME
     applied = sorted(applied_dir.glob("*.patch")) if applied_dir.exists() else []
-    same = [p.name for p in applied] == [p.name for p in wanted] and all(
-        a.read_bytes() == w.read_bytes() for a, w in zip(applied, wanted)
-    )
-    if same:
+    keep = 0  # the applied prefix that patches/series still starts with stays in place
+    while (keep < min(len(applied), len(wanted)) and applied[keep].name == wanted[keep].name
+           and applied[keep].read_bytes() == wanted[keep].read_bytes()):
+        keep += 1
+    if keep == len(applied) == len(wanted):
         return
-    for old in reversed(applied):
+    for old in reversed(applied[keep:]):
         if git_apply(tree, old, "--reverse").returncode != 0:
             raise FetchError(f"cannot un-apply {old.name} from {tree}; delete {tree} and rerun")
         old.unlink()
     applied_dir.mkdir(exist_ok=True)
-    for patch in wanted:
+    for patch in wanted[keep:]:
         if git_apply(tree, patch, "--check").returncode != 0:
             why = git_apply(tree, patch, "--check").stderr.strip().splitlines()[:3]
             raise FetchError(

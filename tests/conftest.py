@@ -86,3 +86,29 @@ def compare_by_margin_rule(ref: dict, other: dict) -> tuple[int, int]:
                 mismatches += 1
                 break
     return compared, mismatches
+
+
+PROMPTS = ["Hello", "def f(x):\n    return x", "Grüß Gott, wie geht es dir heute?", "1, 2, 3, 5, 8, 13, 21",
+           "ab", "The quick brown fox jumps over the lazy dog near the river bank", "§¶•ªº", "x"]
+
+
+@pytest.fixture(scope="session", params=ARCHS)
+def runahead_model(request: pytest.FixtureRequest) -> Path:
+    """64 experts in all: 25% = 16 slots = the minimum for 8 contexts at top-2."""
+    return ensure_model(tiny_spec(request.param, layers=4, experts=16, top_k=2), progress=False)
+
+
+def probe(model: Path, scheduler: str, cache: str, parallel: int, tmp_path: Path, **spec: object) -> dict:
+    """Run tests/engine_probe.py: requests on the bevy engine in one process; its JSON."""
+    spec_path = tmp_path / f"spec-{scheduler}-{cache}-{parallel}.json"
+    spec_path.write_text(json.dumps(spec))
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "engine_probe.py"), str(model), scheduler, cache,
+                          str(parallel), str(spec_path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def stock_alone(model: Path, prompts: list[str], n: int) -> dict:
+    """The §4 reference for per-request schedulers: stock llama.cpp, one prompt at a time."""
+    args = [a for p in prompts for a in ("-p", p)]
+    return run_json("run", model, "--engine", "stock", "--parallel", "1", "-n", str(n), *args)

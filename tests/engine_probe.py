@@ -2,7 +2,8 @@
 
 usage: engine_probe.py MODEL SCHEDULER CACHE PARALLEL SPEC.json
 SPEC: {"prompts": [...], "max_tokens": n, "stop": [...], "bad": [indices of requests given an
-invalid token], "eviction": "...", "seed": n}
+invalid token], "eviction": "...", "seed": n, "cancel": [[request, step], ...] (bevy: cancel a
+request before that scheduling step, wherever its token stands)}
 """
 
 from __future__ import annotations
@@ -39,12 +40,23 @@ def main() -> int:
                                     stop=tuple(spec.get("stop", ()))))
         runner, micro_batch = make_runner(get_scheduler(scheduler), model, model_path, cache, parallel, 2,
                                           max(len(r.prompt_tokens) for r in requests))
+        cancel = {step: i for i, step in spec.get("cancel", [])}
+        cancelled_at: dict[int, list] = {}
+        if cancel:
+            def on_step(step: int, flights: list) -> None:
+                if step in cancel and cancel[step] not in cancelled_at:
+                    i = cancel[step]
+                    f = next((f for f in flights if f.index == i), None)
+                    cancelled_at[i] = [f.layer, f.pos0, f.prefill] if f else None
+                    runner.cancelled.add(i)
+            runner.on_step = on_step
         stats = runner.run(requests)
         print(json.dumps({
             "requests": [{"tokens": r.tokens, "margins": r.margins, "error": r.error, "finish": r.finish_reason}
                          for r in requests],
             "pinned_after": cache.lib.bevy_cache_pinned(cache.ptr),
             "micro_batch": micro_batch, "decode_tokens": stats.decode_tokens, "counters": cache.counters(),
+            "cancelled_at": cancelled_at,
         }))
     return 0
 

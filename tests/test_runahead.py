@@ -3,43 +3,17 @@
 from __future__ import annotations
 
 import ctypes
-import json
 import random
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, compare_by_margin_rule, run_json, tiny_spec
+from conftest import PROMPTS, compare_by_margin_rule, probe, run_json, stock_alone, tiny_spec
 
 from bevy_gguf import native
 from bevy_gguf.models import ensure_model
 from bevy_gguf.models.spec import ARCHS
-
-PROMPTS = ["Hello", "def f(x):\n    return x", "Grüß Gott, wie geht es dir heute?", "1, 2, 3, 5, 8, 13, 21",
-           "ab", "The quick brown fox jumps over the lazy dog near the river bank", "§¶•ªº", "x"]
-
-
-@pytest.fixture(scope="session", params=ARCHS)
-def runahead_model(request: pytest.FixtureRequest) -> Path:
-    """64 experts in all: 25% = 16 slots = the minimum for 8 contexts at top-2."""
-    return ensure_model(tiny_spec(request.param, layers=4, experts=16, top_k=2), progress=False)
-
-
-def probe(model: Path, scheduler: str, cache: str, parallel: int, tmp_path: Path, **spec) -> dict:  # noqa: ANN003
-    spec_path = tmp_path / f"spec-{scheduler}-{cache}-{parallel}.json"
-    spec_path.write_text(json.dumps(spec))
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "engine_probe.py"), str(model), scheduler, cache,
-                          str(parallel), str(spec_path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout)
-
-
-def stock_alone(model: Path, prompts: list[str], n: int) -> dict:
-    args = [a for p in prompts for a in ("-p", p)]
-    return run_json("run", model, "--engine", "stock", "--parallel", "1", "-n", str(n), *args)
 
 
 @pytest.mark.parametrize("cache", ["100%", "25%"])
@@ -50,13 +24,6 @@ def test_bevy_ctx_equals_stock_one_at_a_time(tmp_path: Path, runahead_model: Pat
     assert got["pinned_after"] == 0
     if cache == "25%":
         assert got["micro_batch"] == 1 and got["counters"]["evictions"] > 0
-
-
-def test_bevy_is_bevy_ctx_for_now(tmp_path: Path) -> None:
-    model = ensure_model(tiny_spec(layers=4, experts=16, top_k=2), progress=False)
-    a = probe(model, "bevy", "50%", 4, tmp_path, prompts=PROMPTS[:4], max_tokens=8)
-    b = probe(model, "bevy-ctx", "50%", 4, tmp_path, prompts=PROMPTS[:4], max_tokens=8)
-    assert [r["tokens"] for r in a["requests"]] == [r["tokens"] for r in b["requests"]]
 
 
 @pytest.mark.parametrize("cache", ["100%", "25%"])
@@ -83,7 +50,7 @@ def test_liveness_randomized(tmp_path: Path, seed: int) -> None:
     model = ensure_model(tiny_spec(ARCHS[seed % 3], layers=4, experts=16, top_k=2), progress=False)
     prompts = ["".join(rng.choice("abcxyz 0123,.äß") for _ in range(rng.randint(1, 24))) for _ in range(16)]
     stop = [rng.choice("abcxyz0123")]
-    for scheduler in ("bevy-ctx", "blocking", "prefetch"):
+    for scheduler in ("bevy", "bevy-ctx", "blocking", "prefetch"):
         got = probe(model, scheduler, "25%", 8, tmp_path, prompts=prompts, max_tokens=rng.randint(2, 10),
                     stop=stop, eviction="random", seed=seed)
         assert all(r["finish"] in ("length", "stop") and r["error"] is None for r in got["requests"]), scheduler

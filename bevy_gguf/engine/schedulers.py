@@ -5,7 +5,7 @@
 | blocking | batched: one context, every running sequence per step | stall on every miss (stock's behaviour) |
 | prefetch | batched | blocking + load the experts layer il+1's router predicts from layer il's input |
 | bevy-ctx | contexts: one per request, on its thread | runahead: blocked ones wait, others compute, lagging first |
-| bevy | (until the self-balancing scheduler lands) bevy-ctx | |
+| bevy | layers: one context, layer-range calls | self-balancing: ready requests grouped per layer, lagging first |
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Protocol
 
 from bevy_gguf.engine.batched import BatchedRunner, RunStats
 from bevy_gguf.engine.expert_cache import ExpertCache
+from bevy_gguf.engine.layerwise import SelfBalancingRunner
 from bevy_gguf.engine.request import Request
 from bevy_gguf.engine.runahead import ContextRunner
 from bevy_gguf.errors import BevyError
@@ -29,7 +30,7 @@ class Runner(Protocol):
 @dataclass(frozen=True, slots=True)
 class Scheduler:
     name: str
-    runner: str            # "batched" or "contexts"
+    runner: str            # "batched", "contexts" or "layers"
     prefetch: bool = False
 
 
@@ -37,7 +38,7 @@ SCHEDULERS = {
     "blocking": Scheduler("blocking", "batched"),
     "prefetch": Scheduler("prefetch", "batched", prefetch=True),
     "bevy-ctx": Scheduler("bevy-ctx", "contexts"),
-    "bevy": Scheduler("bevy", "contexts"),
+    "bevy": Scheduler("bevy", "layers"),
 }
 
 
@@ -50,6 +51,9 @@ def get_scheduler(name: str) -> Scheduler:
 def make_runner(scheduler: Scheduler, model: Model, model_path: Path, cache: ExpertCache, n_parallel: int,
                 n_threads: int, prompt_limit: int, flash_attn_type: int = -1) -> tuple[Runner, int]:
     """The runner that carries out scheduler, and its micro-batch (tokens per graph)."""
+    if scheduler.runner == "layers":
+        runner = SelfBalancingRunner(model, cache, n_parallel, n_threads, flash_attn_type=flash_attn_type)
+        return runner, cache.layout.micro_batch(cache.n_slots, prompt_limit)
     if scheduler.runner == "contexts":
         runner = ContextRunner(model, cache, n_parallel, n_threads, flash_attn_type=flash_attn_type)
         contexts = min(n_parallel, 1 << 30)

@@ -32,6 +32,7 @@ typedef struct bevy_moe_call {
     const float   * router_in;        // router input rows, or NULL unless requested
     int64_t         router_in_stride; // elements between router input rows
     int32_t         n_embd;
+    int32_t         route_only;       // 1: a layer-range lookahead (llama_decode_layers): out is ignored
 } bevy_moe_call;
 
 // The hook signature llama_set_moe_hook takes.
@@ -173,6 +174,34 @@ BEVY_API int32_t bevy_hook_set_gated(bevy_hook * hook, int32_t gated);
 // entering the gate; bevy_hook_end after the decode (idempotent: graph done leaves too)
 BEVY_API void    bevy_hook_begin(bevy_hook * hook, int64_t token);
 BEVY_API void    bevy_hook_end(bevy_hook * hook);
+
+//
+// Self-balancing scheduling (llama_decode_layers): the scheduler learns each request's next
+// experts from a route-only lookahead, asks the cache which are loaded (starting the loads of
+// the absent ones), runs groups of ready requests, and waits for loads when none is ready.
+//
+
+// experts of layer il (distinct) not loaded yet; with load, start loading the absent ones at
+// priority (smaller = sooner); with count, count hits and misses. -1 on a bad layer or expert
+BEVY_API int32_t  bevy_cache_query(bevy_cache * cache, int32_t il, const int32_t * experts, int32_t n,
+                                   uint64_t priority, int32_t load, int32_t count);
+// experts of layer il loaded right now
+BEVY_API int32_t  bevy_cache_resident(const bevy_cache * cache, int32_t il);
+// changes whenever a load completes
+BEVY_API uint64_t bevy_cache_version(const bevy_cache * cache);
+// wait until the version differs from since (0) or timeout_ms passed (1); counted as stall at il
+BEVY_API int32_t  bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, int32_t il);
+// reservations: pin the slots mapped to these experts (loaded or loading) so no load evicts
+// them; returns how many were pinned. bevy_cache_unreserve_all drops every reservation
+BEVY_API int32_t  bevy_cache_reserve(bevy_cache * cache, int32_t il, const int32_t * experts, int32_t n);
+BEVY_API void     bevy_cache_unreserve_all(bevy_cache * cache);
+// the layers waiting requests compute next: next-use eviction keeps what they need
+BEVY_API void     bevy_cache_set_upcoming(bevy_cache * cache, const int32_t * layers, int32_t n);
+// count hits and misses in the hook (default), or not, or only from layer from_layer on (the
+// scheduler counted the layers before at bevy_cache_query)
+BEVY_API int32_t  bevy_hook_set_counting(bevy_hook * hook, int32_t on, int32_t from_layer);
+// the selection of the last route-only call: rows of k ids in batch order; *il its layer
+BEVY_API int64_t  bevy_hook_routed(const bevy_hook * hook, int32_t * out, int64_t max_rows, int32_t * il);
 
 //
 // Events, for timelines: off until bevy_cache_trace(cache, max_events) (0 turns them off).

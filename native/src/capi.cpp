@@ -37,6 +37,12 @@ struct bevy_hook {
     int32_t              computing = -1;    // the layer it computes since computing_since (-1: none)
     int64_t              computing_since = 0;
 
+    bool                 counting = true;   // count hits and misses (a scheduler may count them itself)
+    int32_t              count_from = 0;    // ... only at layers from this one on
+    std::vector<int32_t> routed;            // ids of the last route-only call, token-major
+    int32_t              routed_il = -1;
+    int32_t              routed_k  = 0;
+
     bool                 prefetch = false;  // predict layer il + 1 from layer il's router input
     std::vector<int32_t> predicted;         // experts predicted for predicted_il
     int32_t              predicted_il = -1;
@@ -342,6 +348,20 @@ int32_t bevy_hook_fn(void * user_data, const bevy_moe_call * call) {
                           " experts, the cache " + std::to_string(n_expert);
             return -1;
         }
+        if (call->route_only) {
+            // a layer-range lookahead: remember the selection, load nothing, compute nothing
+            const int32_t k = call->n_expert_used;
+            hook->routed.resize((size_t) call->n_tokens * k);
+            for (int32_t t = 0; t < call->n_tokens; ++t) {
+                for (int32_t j = 0; j < k; ++j) {
+                    hook->routed[(size_t) t * k + j] = call->ids[t * call->ids_stride + j];
+                    call->out[t * k + j]             = 0;
+                }
+            }
+            hook->routed_il = call->il;
+            hook->routed_k  = k;
+            return 0;
+        }
         hook->distinct.clear();
         for (int32_t t = 0; t < call->n_tokens; ++t) {
             for (int32_t j = 0; j < call->n_expert_used; ++j) {
@@ -368,6 +388,7 @@ int32_t bevy_hook_fn(void * user_data, const bevy_moe_call * call) {
         req.context    = hook->id;
         req.prefetch   = hook->predicted_il == call->il + 1 ? hook->predicted.data() : nullptr;
         req.n_prefetch = hook->predicted_il == call->il + 1 ? (int32_t) hook->predicted.size() : 0;
+        req.count      = hook->counting && call->il >= hook->count_from;
         hook->slots.resize(hook->distinct.size());
         const int32_t rc = hook->cache->acquire(req, hook->slots.data(), hook->pins, hook->error);
         for (size_t i = 0; i < hook->distinct.size(); ++i) {
@@ -396,6 +417,57 @@ int32_t bevy_hook_fn(void * user_data, const bevy_moe_call * call) {
         }
         return rc;
     }, -1);
+}
+
+int32_t bevy_cache_query(bevy_cache * cache, int32_t il, const int32_t * experts, int32_t n, uint64_t priority,
+                         int32_t load, int32_t count) {
+    const int32_t r = cache->cache->query(il, experts, n, priority, load != 0, count != 0);
+    if (r < 0) {
+        g_error = "bevy_cache_query: layer or expert out of range";
+    }
+    return r;
+}
+
+int32_t bevy_cache_resident(const bevy_cache * cache, int32_t il) {
+    return cache->cache->resident(il);
+}
+
+uint64_t bevy_cache_version(const bevy_cache * cache) {
+    return cache->cache->version();
+}
+
+int32_t bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, int32_t il) {
+    return cache->cache->wait_change(since, timeout_ms, il) ? 0 : 1;
+}
+
+int32_t bevy_cache_reserve(bevy_cache * cache, int32_t il, const int32_t * experts, int32_t n) {
+    return cache->cache->reserve(il, experts, n);
+}
+
+void bevy_cache_unreserve_all(bevy_cache * cache) {
+    cache->cache->unreserve_all();
+}
+
+void bevy_cache_set_upcoming(bevy_cache * cache, const int32_t * layers, int32_t n) {
+    cache->cache->set_upcoming(layers, n);
+}
+
+int32_t bevy_hook_set_counting(bevy_hook * hook, int32_t on, int32_t from_layer) {
+    hook->counting   = on != 0;
+    hook->count_from = from_layer;
+    return 0;
+}
+
+int64_t bevy_hook_routed(const bevy_hook * hook, int32_t * out, int64_t max_rows, int32_t * il) {
+    if (il) {
+        *il = hook->routed_il;
+    }
+    if (hook->routed_k == 0) {
+        return 0;
+    }
+    const int64_t rows = std::min<int64_t>(max_rows, (int64_t) hook->routed.size() / hook->routed_k);
+    std::memcpy(out, hook->routed.data(), (size_t) rows * hook->routed_k * sizeof(int32_t));
+    return rows;
 }
 
 int32_t bevy_cache_set_concurrency(bevy_cache * cache, int32_t n) {

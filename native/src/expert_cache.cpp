@@ -54,6 +54,7 @@ void ExpertCache::load(const LoadJob & job, int32_t worker) {
     events_.add({kEventLoad, worker, job.layer, job.expert, t0, now_ns()});
     {
         std::lock_guard<std::mutex> lock(mutex_);
+        version_++;
         if (ok) {
             dir_.set_state(job.slot, SlotState::Ready);
         } else {
@@ -142,7 +143,7 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
         used_[e] = 1;
         slots[i] = dir_.find(il, e);
         if (slots[i] >= 0) {
-            lc.hits++;
+            lc.hits += req.count;
             dir_.pin(slots[i]);
             dir_.touch(slots[i]);
             pinned_++;
@@ -156,7 +157,7 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
         const int32_t e = experts[i];
         int64_t s;
         bool evicted = false;
-        while ((s = dir_.assign(il, e, now, &evicted)) < 0) {
+        while ((s = dir_.assign(il, e, now, &evicted, upcoming_)) < 0) {
             if (pinned_ <= (int64_t) pins.size()) {
                 err = "the expert cache has " + std::to_string(cfg_.n_slots) + " slots but layer " +
                       std::to_string(il) + " needs more than that at once: raise --expert-cache";
@@ -166,7 +167,7 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
                 return timed_out("a free slot");
             }
         }
-        lc.misses++;
+        lc.misses += req.count;
         lc.loads++;
         lc.bytes_loaded += slot_bytes;
         lc.evictions += evicted ? 1 : 0;
@@ -188,7 +189,7 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
             continue;
         }
         bool evicted = false;
-        const int64_t s = dir_.assign(il_next, e, now, &evicted);
+        const int64_t s = dir_.assign(il_next, e, now, &evicted, upcoming_);
         if (s < 0) {
             break;
         }
@@ -233,6 +234,99 @@ void ExpertCache::release(std::vector<int64_t> & pins) {
     }
     pins.clear();
     changed_.notify_all();
+}
+
+int32_t ExpertCache::query(int32_t il, const int32_t * experts, int32_t n, uint64_t priority, bool load, bool count) {
+    if (il < 0 || il >= cfg_.n_layer) {
+        return -1;
+    }
+    uint64_t slot_bytes = 0;
+    for (int32_t k = 0; k < cfg_.n_kinds; ++k) {
+        slot_bytes += cfg_.kind_bytes[k];
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    Counters & lc = layer_counters_[il];
+    const std::vector<int32_t> none;
+    int32_t absent = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t e = experts[i];
+        if (e < 0 || e >= cfg_.n_expert) {
+            return -1;
+        }
+        int64_t s = dir_.find(il, e);
+        if (s >= 0) {
+            lc.hits += count;
+            absent += dir_.state(s) != SlotState::Ready;
+            continue;
+        }
+        lc.misses += count;
+        absent++;
+        bool evicted = false;
+        if (load && (s = dir_.assign(il, e, none, &evicted, upcoming_)) >= 0) {
+            lc.loads++;
+            lc.bytes_loaded += slot_bytes;
+            lc.evictions += evicted ? 1 : 0;
+            queue_->push({s, il, e, priority});
+        }
+    }
+    return absent;
+}
+
+int32_t ExpertCache::resident(int32_t il) const {
+    if (il < 0 || il >= cfg_.n_layer) {
+        return 0;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    int32_t n = 0;
+    for (int32_t e = 0; e < cfg_.n_expert; ++e) {
+        const int64_t s = dir_.find(il, e);
+        n += s >= 0 && dir_.state(s) == SlotState::Ready;
+    }
+    return n;
+}
+
+uint64_t ExpertCache::version() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return version_;
+}
+
+bool ExpertCache::wait_change(uint64_t since, int32_t timeout_ms, int32_t il) {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    std::unique_lock<std::mutex> lock(mutex_);
+    const bool changed = changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return version_ != since; });
+    if (il >= 0 && il < cfg_.n_layer) {
+        layer_counters_[il].stall_ns +=
+            (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0).count();
+    }
+    return changed;
+}
+
+int32_t ExpertCache::reserve(int32_t il, const int32_t * experts, int32_t n) {
+    if (il < 0 || il >= cfg_.n_layer) {
+        return 0;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    int32_t pinned = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        const int64_t s = experts[i] >= 0 && experts[i] < cfg_.n_expert ? dir_.find(il, experts[i]) : -1;
+        if (s >= 0) {
+            dir_.pin(s);
+            pinned_++;
+            reserved_.push_back(s);
+            pinned++;
+        }
+    }
+    return pinned;
+}
+
+void ExpertCache::unreserve_all() {
+    release(reserved_);
+}
+
+void ExpertCache::set_upcoming(const int32_t * layers, int32_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    upcoming_.assign(layers, layers + n);
 }
 
 Counters ExpertCache::counters(int32_t il) const {

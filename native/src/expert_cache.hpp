@@ -52,6 +52,7 @@ struct AcquireRequest {
     int32_t         context;       // registered context, or -1
     const int32_t * prefetch;      // distinct experts of layer il + 1 to load without waiting
     int32_t         n_prefetch;
+    bool            count = true;  // count hits and misses (off when a scheduler counted them already)
 };
 
 class ExpertCache {
@@ -86,6 +87,26 @@ public:
     // unpin (and clear) pins
     void release(std::vector<int64_t> & pins);
 
+    // Without waiting: how many of the n distinct experts of layer il are not loaded yet; with
+    // load, start loading the absent ones (at priority); with count, count hits and misses.
+    int32_t query(int32_t il, const int32_t * experts, int32_t n, uint64_t priority, bool load, bool count);
+
+    // experts of layer il loaded right now
+    int32_t resident(int32_t il) const;
+
+    // a counter that changes whenever a load completes
+    uint64_t version() const;
+    // wait until version() != since or timeout; the wait counts as stall at layer il. true: changed
+    bool wait_change(uint64_t since, int32_t timeout_ms, int32_t il);
+
+    // layers that waiting requests will compute next (they steer next-use eviction)
+    void set_upcoming(const int32_t * layers, int32_t n);
+
+    // a scheduler's reservations: pin the mapped slots of these experts (loaded or loading) so
+    // that no load evicts them; returns how many it pinned. unreserve_all drops them all.
+    int32_t reserve(int32_t il, const int32_t * experts, int32_t n);
+    void    unreserve_all();
+
     // contexts whose hooks are gated compute at most `capacity` at once, lagging first
     ComputeGate & gate() { return gate_; }
     EventLog &    events() { return events_; }
@@ -115,6 +136,9 @@ private:
     std::vector<uint8_t>    used_;       // scratch: experts used at this visit
     std::vector<std::string> load_errors_; // per slot: why its load failed
     std::vector<int32_t>    positions_;  // per registered context: the layer it computes (-1: idle)
+    std::vector<int32_t>    upcoming_;   // layers waiting requests compute next
+    std::vector<int64_t>    reserved_;   // slots a scheduler pinned
+    uint64_t                version_ = 0;
     std::vector<std::vector<float>> routers_; // per layer: router weights, for prefetch
     int32_t                 router_n_embd_ = 0;
 

@@ -14,21 +14,27 @@ SlotDirectory::SlotDirectory(int32_t n_layer, int32_t n_expert, int64_t n_slots,
     : n_layer_(n_layer), n_expert_(n_expert), policy_(policy), slots_(n_slots),
       key_slot_((size_t) n_layer * n_expert, -1), freq_((size_t) n_layer * n_expert, kFreqInit), rng_(seed) {}
 
-double SlotDirectory::next_use(int32_t k, const std::vector<int32_t> & now) const {
+double SlotDirectory::next_use(int32_t k, const std::vector<int32_t> & now, const std::vector<int32_t> & upcoming) const {
     // layers still to visit before layer il comes round again (for the context that gets there
     // first), plus the cycles it expects to skip given how often it was used: d + L * (1/p - 1)
     const int32_t il = k / n_expert_;
     int32_t d = n_layer_;
-    for (int32_t il_now : now) {
+    for (int32_t il_now : now) { // computing il_now: its next layer comes first
         if (il_now >= 0) {
             d = std::min(d, ((il - il_now - 1) % n_layer_ + n_layer_) % n_layer_);
+        }
+    }
+    for (int32_t il_next : upcoming) { // waiting to compute il_next: that layer comes first
+        if (il_next >= 0) {
+            d = std::min(d, ((il - il_next) % n_layer_ + n_layer_) % n_layer_);
         }
     }
     const float   p  = std::max(freq_[k], kFreqFloor);
     return d + n_layer_ * (1.0 / p - 1.0);
 }
 
-int64_t SlotDirectory::assign(int32_t il, int32_t e, const std::vector<int32_t> & now, bool * evicted) {
+int64_t SlotDirectory::assign(int32_t il, int32_t e, const std::vector<int32_t> & now, bool * evicted,
+                              const std::vector<int32_t> & upcoming) {
     int64_t best       = -1;
     double  best_score = 0;
     int64_t n_free     = 0;
@@ -47,7 +53,7 @@ int64_t SlotDirectory::assign(int32_t il, int32_t e, const std::vector<int32_t> 
         double score = 0;
         switch (policy_) {
             case Policy::Lru:     score = -(double) slot.last_use; break;
-            case Policy::NextUse: score = next_use(slot.key, now) - 1e-12 * (double) slot.last_use; break;
+            case Policy::NextUse: score = next_use(slot.key, now, upcoming) - 1e-12 * (double) slot.last_use; break;
             case Policy::Random:  score = 0; break;
         }
         if (policy_ == Policy::Random) {

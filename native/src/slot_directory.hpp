@@ -30,10 +30,11 @@ public:
     int64_t find(int32_t il, int32_t e) const { return key_slot_[key(il, e)]; }
 
     // A slot to reuse for (il, e): an empty one, else the policy's victim among the unpinned
-    // ready slots, seen from contexts now at layers now (next use = the soonest visit by any).
-    // -1 when every slot is pinned or loading. The slot is unmapped from its old expert and
-    // mapped to (il, e), state Loading.
-    int64_t assign(int32_t il, int32_t e, const std::vector<int32_t> & now, bool * evicted);
+    // ready slots. Next use is the soonest visit of a layer by any context computing a layer
+    // in `now` or waiting to compute a layer in `upcoming`. -1 when every slot is pinned or
+    // loading. The slot is unmapped from its old expert and mapped to (il, e), state Loading.
+    int64_t assign(int32_t il, int32_t e, const std::vector<int32_t> & now, bool * evicted,
+                   const std::vector<int32_t> & upcoming = {});
 
     void set_state(int64_t slot, SlotState s) { slots_[slot].state = s; }
     SlotState state(int64_t slot) const { return slots_[slot].state; }
@@ -60,7 +61,7 @@ private:
     };
 
     int32_t key(int32_t il, int32_t e) const { return il * n_expert_ + e; }
-    double  next_use(int32_t k, const std::vector<int32_t> & now) const;
+    double  next_use(int32_t k, const std::vector<int32_t> & now, const std::vector<int32_t> & upcoming) const;
 
     int32_t              n_layer_;
     int32_t              n_expert_;

@@ -1,0 +1,269 @@
+"""The self-balancing runner (`bevy`): one context, requests grouped layer by layer.
+
+Each request is a flight that decodes its current block (a prompt chunk or one token) one layer
+per call (llama_decode_layers). Every call ends with the router of the flight's next layer, so
+the scheduler knows which experts each flight needs before it needs them: it starts those loads
+at once (lagging flights first), runs the group of flights whose experts are loaded (lagging
+first, see plan.py), and waits only when no flight is ready. Requests whose experts are resident
+run ahead; groups batch the ready requests per layer, so shared weights are read once per group.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from bevy_gguf.engine.batched import RunStats, context_params
+from bevy_gguf.engine.expert_cache import ExpertCache
+from bevy_gguf.engine.plan import FIRST, Flight, Group, PolicyParams, admit_loads, plan
+from bevy_gguf.engine.request import Request
+from bevy_gguf.errors import BevyError
+from bevy_gguf.llm import Context, Model
+
+WAIT_SLICE_MS = 50  # a wait for loads re-checks at least this often
+MISS_RATE_ALPHA = 0.2  # weight of the newest lookups in a layer's recent miss rate
+
+
+def _ids(values: tuple[int, ...] | list[int]) -> ctypes.Array:
+    return (ctypes.c_int32 * max(len(values), 1))(*values)
+
+
+class SelfBalancingRunner:
+    """Decodes requests layer by layer on one context, n_parallel in flight at a time."""
+
+    def __init__(self, model: Model, cache: ExpertCache, n_parallel: int, n_threads: int = 2,
+                 flash_attn_type: int = -1, wait_timeout_s: float = 300.0,
+                 on_step: Callable[[int, list[Flight]], None] | None = None, load_window: int = 0,
+                 merge_misses: float = 0.5) -> None:
+        self.model = model
+        self.cache = cache
+        self.n_parallel = n_parallel
+        self.n_threads = n_threads
+        self.flash_attn_type = flash_attn_type
+        self.wait_timeout_s = wait_timeout_s
+        self.on_step = on_step  # called before each plan (tests cancel requests from it)
+        self.cancelled: set[int] = set()  # request indices to drop at the next step
+        self.load_window = load_window  # see plan.PolicyParams
+        # a group that holds every flight extends its call through the following layers where it
+        # expects fewer than this many misses (a miss there stalls the call, as blocking does)
+        self.merge_misses = merge_misses
+
+    def run(self, requests: list[Request]) -> RunStats:
+        stats = RunStats()
+        if not requests:
+            return stats
+        n_seq = min(self.n_parallel, len(requests))
+        self.chunk = self.cache.layout.micro_batch(self.cache.n_slots, max(len(r.prompt_tokens) for r in requests))
+        params = context_params(requests, n_seq, self.n_threads, flash_attn_type=self.flash_attn_type)
+        params = dataclasses.replace(params, n_ubatch=params.n_batch)  # one graph per call
+        self.policy = PolicyParams(n_layer=self.model.n_layer, max_tokens=params.n_batch,
+                                   max_experts=self.cache.n_slots, hold_decode=len(requests) <= n_seq,
+                                   load_window=self.load_window)
+        self.cache.set_concurrency(1)
+        self._waiting_since: float | None = None
+        self.miss_rate = [1.0] * self.model.n_layer  # nothing is known: assume misses
+        self._seen = [(0, 0)] * self.model.n_layer
+        with Context(self.model, params) as ctx:
+            self.cache.attach(ctx)
+
+            try:
+                self._loop(ctx, requests, n_seq, stats)
+            finally:
+                self.cache.lib.bevy_cache_unreserve_all(self.cache.ptr)
+        self.cache.release_hooks()
+        return stats
+
+    # -- the step loop -------------------------------------------------------------------
+
+    def _loop(self, ctx: Context, requests: list[Request], n_seq: int, stats: RunStats) -> None:
+        lib, cache = self.cache.lib, self.cache.ptr
+        pending = deque(range(len(requests)))
+        free = list(range(n_seq))
+        flights: list[Flight] = []
+        t0 = time.perf_counter()
+        self.t_decode0: float | None = None
+        at_decode: dict[str, int] = {}
+        step = 0
+        while pending or flights:
+            while pending and free:  # admit new requests: their first prompt chunk
+                i = pending.popleft()
+                req = requests[i]
+                req.seq = free.pop(0)
+                flights.append(Flight(i, req.seq, req.prompt_tokens[: self.chunk], 0))
+            if self.on_step:
+                self.on_step(step, flights)
+            flights = self._drop_cancelled(ctx, requests, flights, free)
+            if not flights:
+                continue
+            since = lib.bevy_cache_version(cache)  # loads completed so far
+            self._refresh(flights)
+            self._update_miss_rates()
+            p = plan(flights, self.policy)
+            if p.group is None:  # nothing is ready: wait for a load (counted as stall)
+                lead = min((flights[i] for i in p.waiting), key=lambda f: f.lag)
+                if lib.bevy_cache_wait(cache, since, WAIT_SLICE_MS, lead.layer) != 0:
+                    self._check_timeout(flights)
+                continue
+            step += 1
+            if self.t_decode0 is None and not any(f.prefill for f in flights):
+                self.t_decode0 = time.perf_counter()
+                at_decode = self.cache.counters()
+            self._run_group(ctx, requests, flights, p.group, t0, stats)
+            flights = self._retire(ctx, requests, flights, free)
+        end = time.perf_counter()
+        if self.t_decode0 is not None and stats.decode_tokens:
+            stats.decode_s = end - self.t_decode0
+        totals = self.cache.counters()
+        stats.decode_counters = {k: totals[k] - at_decode.get(k, 0) for k in totals}
+
+    def _refresh(self, flights: list[Flight]) -> None:
+        """Reserve what the admitted flights need, start their loads, and mark who is ready."""
+        lib, cache = self.cache.lib, self.cache.ptr
+        started = [f for f in flights if f.layer != FIRST]
+        layers = [f.layer for f in started]
+        lib.bevy_cache_set_upcoming(cache, _ids(layers), len(layers))
+        lib.bevy_cache_unreserve_all(cache)
+        admitted = admit_loads(flights, self.policy)
+        for i in admitted:  # hold what the front has, then load what it lacks (never evicting the held)
+            f = flights[i]
+            lib.bevy_cache_reserve(cache, f.layer, _ids(f.experts), len(f.experts))
+        for i in admitted:
+            f = flights[i]
+            priority = (f.progress << 32) | ((f.layer + 1) << 16)
+            ids = _ids(f.experts)
+            if lib.bevy_cache_query(cache, f.layer, ids, len(f.experts), priority, 1, int(not f.counted)) < 0:
+                raise BevyError(f"expert cache query failed at layer {f.layer}")
+            f.counted = True
+        for f in flights:  # after every load started: who is ready now
+            if f.layer == FIRST:
+                f.ready = True
+                continue
+            absent = lib.bevy_cache_query(cache, f.layer, _ids(f.experts), len(f.experts), 0, 0, int(not f.counted))
+            if absent < 0:
+                raise BevyError(f"expert cache query failed at layer {f.layer}")
+            f.counted = True
+            f.ready = absent == 0
+
+    def _range_end(self, group: Group, flights: list[Flight]) -> int:
+        """Where the group's call stops: right after its own layer, or, when the group holds
+        every flight (nobody could run while it stalls), through the following layers where it
+        expects fewer than merge_misses misses (recent miss rate x its lookups): when misses are
+        rare, whole steps run in one call."""
+        n_layer = self.model.n_layer
+        end = 0 if group.layer == FIRST else group.layer + 1
+        if len(group.members) < len(flights):
+            return end
+        lookups = sum(len(flights[i].tokens) for i in group.members) * self.cache.layout.top_k
+        while end < n_layer and self.miss_rate[end] * lookups < self.merge_misses:
+            end += 1
+        return end
+
+    def _update_miss_rates(self) -> None:
+        """Per layer, a moving average of the fraction of lookups that missed."""
+        for il in range(self.model.n_layer):
+            c = self.cache.counters(il)
+            dh, dm = c["hits"] - self._seen[il][0], c["misses"] - self._seen[il][1]
+            if dh + dm:
+                self.miss_rate[il] += MISS_RATE_ALPHA * (dm / (dh + dm) - self.miss_rate[il])
+                self._seen[il] = (c["hits"], c["misses"])
+
+    def _check_timeout(self, flights: list[Flight]) -> None:
+        now = time.perf_counter()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        elif now - self._waiting_since > self.wait_timeout_s:
+            stuck = ", ".join(f"request {f.index} at layer {f.layer}" for f in flights if not f.ready)
+            raise BevyError(f"timed out after {self.wait_timeout_s:.0f} s waiting for experts ({stuck})")
+
+    def _run_group(self, ctx: Context, requests: list[Request], flights: list[Flight], group: Group,
+                   t0: float, stats: RunStats) -> None:
+        self._waiting_since = None
+        members = [flights[i] for i in group.members]
+        n_layer = self.model.n_layer
+        il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, self._range_end(group, flights))
+        final = il_end == n_layer
+        # layers before il_begin + 1 were counted when their experts were revealed; merged ones here
+        self.cache.lib.bevy_hook_set_counting(ctx.hook, 1, 0 if group.layer == FIRST else il_begin + 1)
+        rows: list[tuple[int, int, int, bool]] = []
+        spans: list[tuple[Flight, int, int]] = []
+        for f in members:
+            start = len(rows)
+            for j, tok in enumerate(f.tokens):
+                rows.append((tok, f.pos0 + j, f.seq, not final or j == len(f.tokens) - 1))
+            spans.append((f, start, len(rows)))
+        hidden = None if group.layer == FIRST else np.concatenate([f.h for f in members])
+        # the call pins what it uses itself; held reservations could only deadlock it on a miss
+        self.cache.lib.bevy_cache_unreserve_all(self.cache.ptr)
+        start_t = time.perf_counter()
+        self.cache.begin(ctx, min(f.progress for f in members))
+        try:
+            ctx.decode_layers(rows, hidden, il_begin, il_end, lookahead, reuse)
+        except BevyError as e:
+            for f in members:  # the failed call took their cells with it
+                requests[f.index].fail(str(e))
+            return
+        finally:
+            self.cache.end(ctx)
+        elapsed = time.perf_counter() - start_t
+        if all(f.prefill for f in members):
+            stats.prefill_s += elapsed
+        if not final:
+            h = ctx.hidden(len(rows))
+            routed = np.zeros((len(rows), self.cache.layout.top_k), dtype=np.int32)
+            il = ctypes.c_int32(-1)
+            got = self.cache.lib.bevy_hook_routed(ctx.hook, routed.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                                                  len(rows), ctypes.byref(il))
+            if got != len(rows) or il.value != il_end:
+                raise BevyError(f"the lookahead of layer {il_end} saw {got} of {len(rows)} tokens")
+            for f, a, b in spans:
+                f.h = h[a:b]
+                f.layer = il_end
+                f.experts = tuple(sorted(set(routed[a:b].ravel().tolist())))
+                f.ready, f.counted = False, False
+            return
+        for f, _, b in spans:
+            self._finish_block(ctx, requests, f, b - 1, t0, stats)  # logits of its last row
+
+    def _finish_block(self, ctx: Context, requests: list[Request], f: Flight, out_row: int, t0: float,
+                      stats: RunStats) -> None:
+        """The block passed the last layer: take its output and set up the next block."""
+        req = requests[f.index]
+        f.h, f.experts, f.layer = None, (), FIRST
+        if f.prefill:
+            stats.prefill_tokens += len(f.tokens)
+            if f.pos0 + len(f.tokens) < len(req.prompt_tokens):  # more prompt chunks
+                f.pos0 += len(f.tokens)
+                f.tokens = req.prompt_tokens[f.pos0: f.pos0 + self.chunk]
+                return
+        else:
+            stats.decode_tokens += 1
+        token, margin = req.choose(ctx, out_row)
+        req.record(token, margin, self.model.is_eog(token), self.model.piece(token))
+        if f.prefill:
+            req.ttft_s = time.perf_counter() - t0
+        if not req.finished:
+            f.pos0, f.tokens, f.prefill, f.progress = req.n_past, [req.next_input()], False, req.n_decoded + 1
+
+    def _retire(self, ctx: Context, requests: list[Request], flights: list[Flight], free: list[int]) -> list[Flight]:
+        still = []
+        for f in flights:
+            if requests[f.index].finished:
+                ctx.seq_rm(f.seq)
+                free.append(f.seq)
+                free.sort()
+            else:
+                still.append(f)
+        return still
+
+    def _drop_cancelled(self, ctx: Context, requests: list[Request], flights: list[Flight],
+                        free: list[int]) -> list[Flight]:
+        """Cancelled requests leave at once, cells of half-computed tokens included."""
+        for f in flights:
+            if f.index in self.cancelled and not requests[f.index].finished:
+                requests[f.index].fail("cancelled")
+        return self._retire(ctx, requests, flights, free)

@@ -1,0 +1,61 @@
+"""`bevy` (self-balancing, layer-range decode) against stock llama.cpp by DESIGN.md §4."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import PROMPTS, compare_by_margin_rule, probe, run_json, stock_alone, tiny_spec
+
+from bevy_gguf.engine.expert_cache import CacheLayout
+from bevy_gguf.gguf_info import inspect_model
+from bevy_gguf.models import ensure_model
+
+
+def margin_ok(ref: dict, got: dict, n_requests: int, n_tokens: int) -> None:
+    compared, mismatches = compare_by_margin_rule(ref, got)
+    assert mismatches == 0
+    assert compared >= n_requests * n_tokens // 2, f"only {compared} positions compared"
+
+
+@pytest.mark.parametrize("cache", ["100%", "25%", "minimum"])
+def test_bevy_follows_the_margin_rule(tmp_path: Path, runahead_model: Path, cache: str) -> None:
+    if cache == "minimum":
+        layout = CacheLayout.of(inspect_model(runahead_model))
+        cache = str(layout.min_slots(1) * layout.slot_bytes)
+    ref = stock_alone(runahead_model, PROMPTS, 12)
+    got = probe(runahead_model, "bevy", cache, 8, tmp_path, prompts=PROMPTS, max_tokens=12)
+    assert all(r["error"] is None for r in got["requests"])
+    margin_ok(ref, {"requests": [{"tokens": r["tokens"]} for r in got["requests"]]}, 8, 12)
+    assert got["pinned_after"] == 0
+
+
+def test_requests_join_and_leave(tmp_path: Path) -> None:
+    """16 requests of different lengths through 4 sequences: they join as others finish."""
+    model = ensure_model(tiny_spec("qwen2moe", layers=4, experts=16, top_k=2), progress=False)
+    prompts = [p * (1 + i % 3) for i, p in enumerate(PROMPTS + PROMPTS[::-1])]
+    ref = stock_alone(model, prompts, 10)
+    got = probe(model, "bevy", "50%", 4, tmp_path, prompts=prompts, max_tokens=10)
+    margin_ok(ref, {"requests": [{"tokens": r["tokens"]} for r in got["requests"]]}, 16, 10)
+
+
+@pytest.mark.parametrize("step", [3, 11, 30])
+def test_a_request_cancelled_mid_layer_leaves_cleanly(tmp_path: Path, step: int) -> None:
+    """Cancelled between layer-range calls, its half-computed cells go; the request that then
+    takes its sequence decodes correctly (stale cells would break its positions)."""
+    model = ensure_model(tiny_spec("mixtral", layers=4, experts=16, top_k=2), progress=False)
+    prompts = PROMPTS[:5]
+    ref = stock_alone(model, prompts, 10)
+    got = probe(model, "bevy", "25%", 4, tmp_path, prompts=prompts, max_tokens=10, cancel=[[1, step]])
+    assert got["cancelled_at"]["1"] is not None  # it was in flight, somewhere in its layers
+    assert got["requests"][1]["error"] == "cancelled"
+    others = {"requests": [r for i, r in enumerate(got["requests"]) if i != 1]}
+    margin_ok({"requests": [r for i, r in enumerate(ref["requests"]) if i != 1]}, others, 4, 10)
+    assert got["pinned_after"] == 0
+
+
+def test_bevy_through_the_cli_and_json(runahead_model: Path) -> None:
+    doc = run_json("run", runahead_model, "--workload", "text", "--requests", "8", "-n", "8",
+                   "--scheduler", "bevy", "--expert-cache", "25%")
+    s = doc["stats"]
+    assert s["scheduler"] == "bevy" and s["tok_per_s"] > 0 and 0 < s["hit_rate"] <= 1 and s["bytes_loaded"] > 0
