@@ -139,6 +139,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from bevy_gguf.server.main import serve
+    from bevy_gguf.server.types import ServerSettings
+
+    settings = ServerSettings(host=args.host, port=args.port, api_key=args.api_key, ctx_size=args.ctx_size,
+                              max_queued=args.max_queued, model_alias=args.alias)
+    return serve(Path(args.model), settings, n_parallel=args.parallel, expert_cache=args.expert_cache,
+                 scheduler=args.scheduler, link=args.link, n_threads=args.threads)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog="bevy-gguf", description="Serve concurrent requests on MoE GGUF models "
                                  "whose experts do not fit in fast memory.")
@@ -173,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="cache size: a percentage of the routed expert bytes (25%%) or a size (512MiB)")
     run.add_argument("--link", default="file", help="file (O_DIRECT from the GGUF), ram, or throttle:RATE[:file|ram]")
     run.add_argument("--eviction", choices=["next-use", "lru", "random"], default="next-use")
-    run.add_argument("--link-workers", type=positive("--link-workers"), default=2)
+    run.add_argument("--link-workers", type=positive("--link-workers"), default=4,
+                     help="upload threads (several reads in flight keep a disk busier)")
     run.add_argument("--wait-timeout", type=float, default=300.0, metavar="SECONDS",
                      help="a decode waiting longer for experts fails with an error")
     run.add_argument("--parallel", type=positive("--parallel"), default=8, help="sequences decoded at once")
@@ -200,6 +211,22 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--out", metavar="DIR", help="write report.md, report.json, throughput.png, timeline.json")
     be.add_argument("--json", action="store_true", help="print report.json")
     be.set_defaults(func=cmd_bench)
+
+    sv = sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching over the bevy engine)")
+    sv.add_argument("model", metavar="MODEL.gguf")
+    sv.add_argument("--parallel", type=positive("--parallel"), default=8, help="requests decoded at once")
+    sv.add_argument("--host", default="127.0.0.1", help="default: loopback only")
+    sv.add_argument("--port", type=int, default=8080)
+    sv.add_argument("--expert-cache", default="25%", metavar="SIZE")
+    sv.add_argument("--scheduler", choices=["bevy", "bevy-ctx", "prefetch", "blocking"], default="bevy")
+    sv.add_argument("--link", default="file")
+    sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    sv.add_argument("--ctx-size", type=positive("--ctx-size"), default=2048, help="tokens per request")
+    sv.add_argument("--max-queued", type=positive("--max-queued"), default=128,
+                    help="requests waiting beyond --parallel; more are answered 503")
+    sv.add_argument("--alias", help="the model id that /v1/models shows")
+    sv.add_argument("--threads", type=positive("--threads"), default=2)
+    sv.set_defaults(func=cmd_serve)
 
     tr = sub.add_parser("trace", help="record routing on the text workload and print its statistics")
     tr.add_argument("model", metavar="MODEL.gguf")

@@ -29,7 +29,7 @@ class OffloadConfig:
     expert_cache: str = "25%"
     link: str = "file"
     eviction: str = "next-use"
-    link_workers: int = 2
+    link_workers: int = 4
     wait_timeout_s: float = 300.0
 
 

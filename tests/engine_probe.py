@@ -48,7 +48,7 @@ def main() -> int:
                     i = cancel[step]
                     f = next((f for f in flights if f.index == i), None)
                     cancelled_at[i] = [f.layer, f.pos0, f.prefill] if f else None
-                    runner.cancelled.add(i)
+                    requests[i].cancelled = True
             runner.on_step = on_step
         stats = runner.run(requests)
         print(json.dumps({

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bevy_gguf.engine.request import MULTIBYTE_SLACK, Request
+from bevy_gguf.engine.source import FixedSource, RequestSource
 from bevy_gguf.llm import Context, ContextParams, Model
 
 
@@ -70,26 +71,40 @@ class BatchedRunner:
         self.around_decode = around_decode  # (before(ctx, step), after(ctx)): e.g. the compute gate
 
     def run(self, requests: list[Request]) -> RunStats:
-        stats = RunStats()
+        """Decode a fixed list of requests."""
         if not requests:
-            return stats
+            return RunStats()
         params = context_params(requests, self.n_parallel, self.n_threads, self.micro_batch, self.flash_attn_type)
+        return self.serve(FixedSource(requests), params)
+
+    def serve(self, source: RequestSource, params: ContextParams) -> RunStats:
+        """Decode what source gives, as it comes (continuous batching), until it runs dry."""
+        stats = RunStats()
         with Context(self.model, params) as ctx:
             if self.on_context:
                 self.on_context(ctx)
-            self._loop(ctx, requests, stats)
+            self._loop(ctx, source, stats)
         return stats
 
-    def _loop(self, ctx: Context, requests: list[Request], stats: RunStats) -> None:
-        pending = deque(range(len(requests)))
+    def _loop(self, ctx: Context, source: RequestSource, stats: RunStats) -> None:
+        requests: list[Request] = []  # in arrival order: BatchCall rows index into it
+        pending: deque[int] = deque()
         running: list[int] = []
         free = list(range(self.n_parallel))
         t0 = time.perf_counter()
-        while pending or running:
-            admitted = []
-            while pending and free:
+        while True:
+            for req in source.take(len(free) - len(pending)):
+                requests.append(req)
+                pending.append(len(requests) - 1)
+            if not pending and not running:
+                if not source.idle_wait():
+                    return
+                continue
+            admitted, budget = [], ctx.params.n_batch
+            while pending and free and (not admitted or len(requests[pending[0]].prompt_tokens) <= budget):
                 i = pending.popleft()
                 requests[i].seq = free.pop(0)
+                budget -= len(requests[i].prompt_tokens)
                 admitted.append(i)
             if admitted:
                 rows = [(i, tok, pos) for i in admitted for pos, tok in enumerate(requests[i].prompt_tokens)]
@@ -132,9 +147,11 @@ class BatchedRunner:
             req.record(token, margin, self.model.is_eog(token), self.model.piece(token))
 
     def _retire(self, ctx: Context, requests: list[Request], running: list[int], free: list[int]) -> list[int]:
-        """Free the sequences of finished requests (their KV cells and sequence ids)."""
+        """Free the sequences of finished (or cancelled) requests: their KV cells and ids."""
         still = []
         for i in running:
+            if requests[i].cancelled and not requests[i].finished:
+                requests[i].fail("cancelled")
             if requests[i].finished:
                 ctx.seq_rm(requests[i].seq)
                 free.append(requests[i].seq)

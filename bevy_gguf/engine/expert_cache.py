@@ -65,7 +65,7 @@ class ExpertCache:
     """A native expert cache over a link; hands a hook to every context that uses it."""
 
     def __init__(self, info: ModelInfo, budget_bytes: int, link: LinkSpec, policy: str = "next-use",
-                 n_workers: int = 2, wait_timeout_s: float = 300.0, seed: int = 0) -> None:
+                 n_workers: int = 4, wait_timeout_s: float = 300.0, seed: int = 0) -> None:
         self.lib = native.libbevy()
         self.layout = layout = CacheLayout.of(info)
         if len(layout.kinds) > native.MAX_KINDS:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import time
-from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -22,8 +21,9 @@ from bevy_gguf.engine.batched import RunStats, context_params
 from bevy_gguf.engine.expert_cache import ExpertCache
 from bevy_gguf.engine.plan import FIRST, Flight, Group, PolicyParams, admit_loads, plan
 from bevy_gguf.engine.request import Request
+from bevy_gguf.engine.source import FixedSource, RequestSource
 from bevy_gguf.errors import BevyError
-from bevy_gguf.llm import Context, Model
+from bevy_gguf.llm import Context, ContextParams, Model
 
 WAIT_SLICE_MS = 50  # a wait for loads re-checks at least this often
 MISS_RATE_ALPHA = 0.2  # weight of the newest lookups in a layer's recent miss rate
@@ -38,7 +38,7 @@ class SelfBalancingRunner:
 
     def __init__(self, model: Model, cache: ExpertCache, n_parallel: int, n_threads: int = 2,
                  flash_attn_type: int = -1, wait_timeout_s: float = 300.0,
-                 on_step: Callable[[int, list[Flight]], None] | None = None, load_window: int = 0,
+                 on_step: Callable[[int, list[Flight]], None] | None = None, load_window: int | None = None,
                  merge_misses: float = 0.5) -> None:
         self.model = model
         self.cache = cache
@@ -47,22 +47,28 @@ class SelfBalancingRunner:
         self.flash_attn_type = flash_attn_type
         self.wait_timeout_s = wait_timeout_s
         self.on_step = on_step  # called before each plan (tests cancel requests from it)
-        self.cancelled: set[int] = set()  # request indices to drop at the next step
-        self.load_window = load_window  # see plan.PolicyParams
+        # see plan.PolicyParams; default: flights up to one token ahead of the front get loads
+        self.load_window = model.n_layer + 1 if load_window is None else load_window
         # a group that holds every flight extends its call through the following layers where it
         # expects fewer than this many misses (a miss there stalls the call, as blocking does)
         self.merge_misses = merge_misses
 
     def run(self, requests: list[Request]) -> RunStats:
-        stats = RunStats()
+        """Decode a fixed list of requests."""
         if not requests:
-            return stats
+            return RunStats()
         n_seq = min(self.n_parallel, len(requests))
-        self.chunk = self.cache.layout.micro_batch(self.cache.n_slots, max(len(r.prompt_tokens) for r in requests))
         params = context_params(requests, n_seq, self.n_threads, flash_attn_type=self.flash_attn_type)
+        return self.serve(FixedSource(requests), params, hold_decode=len(requests) <= n_seq)
+
+    def serve(self, source: RequestSource, params: ContextParams, hold_decode: bool = False) -> RunStats:
+        """Decode what source gives, as it comes (params.n_seq_max in flight at most); with
+        hold_decode, generated tokens wait while any prompt prefills."""
+        stats = RunStats()
         params = dataclasses.replace(params, n_ubatch=params.n_batch)  # one graph per call
+        self.chunk = self.cache.layout.micro_batch(self.cache.n_slots, params.n_batch)
         self.policy = PolicyParams(n_layer=self.model.n_layer, max_tokens=params.n_batch,
-                                   max_experts=self.cache.n_slots, hold_decode=len(requests) <= n_seq,
+                                   max_experts=self.cache.n_slots, hold_decode=hold_decode,
                                    load_window=self.load_window)
         self.cache.set_concurrency(1)
         self._waiting_since: float | None = None
@@ -70,9 +76,8 @@ class SelfBalancingRunner:
         self._seen = [(0, 0)] * self.model.n_layer
         with Context(self.model, params) as ctx:
             self.cache.attach(ctx)
-
             try:
-                self._loop(ctx, requests, n_seq, stats)
+                self._loop(ctx, source, params.n_seq_max, stats)
             finally:
                 self.cache.lib.bevy_cache_unreserve_all(self.cache.ptr)
         self.cache.release_hooks()
@@ -80,21 +85,24 @@ class SelfBalancingRunner:
 
     # -- the step loop -------------------------------------------------------------------
 
-    def _loop(self, ctx: Context, requests: list[Request], n_seq: int, stats: RunStats) -> None:
+    def _loop(self, ctx: Context, source: RequestSource, n_seq: int, stats: RunStats) -> None:
         lib, cache = self.cache.lib, self.cache.ptr
-        pending = deque(range(len(requests)))
+        requests: list[Request] = []  # in arrival order: Flight.index points into it
         free = list(range(n_seq))
         flights: list[Flight] = []
         t0 = time.perf_counter()
         self.t_decode0: float | None = None
         at_decode: dict[str, int] = {}
         step = 0
-        while pending or flights:
-            while pending and free:  # admit new requests: their first prompt chunk
-                i = pending.popleft()
-                req = requests[i]
+        while True:
+            for req in source.take(len(free)):  # admit new requests: their first prompt chunk
+                requests.append(req)
                 req.seq = free.pop(0)
-                flights.append(Flight(i, req.seq, req.prompt_tokens[: self.chunk], 0))
+                flights.append(Flight(len(requests) - 1, req.seq, req.prompt_tokens[: self.chunk], 0))
+            if not flights:
+                if not source.idle_wait():
+                    break
+                continue
             if self.on_step:
                 self.on_step(step, flights)
             flights = self._drop_cancelled(ctx, requests, flights, free)
@@ -264,6 +272,6 @@ class SelfBalancingRunner:
                         free: list[int]) -> list[Flight]:
         """Cancelled requests leave at once, cells of half-computed tokens included."""
         for f in flights:
-            if f.index in self.cancelled and not requests[f.index].finished:
+            if requests[f.index].cancelled and not requests[f.index].finished:
                 requests[f.index].fail("cancelled")
         return self._retire(ctx, requests, flights, free)

@@ -84,6 +84,7 @@ class PolicyParams:
     max_experts: int          # distinct experts one call may pin (the cache's slots)
     hold_decode: bool = True  # no generated token decodes while a prompt still prefills
     load_window: int = 0      # layers ahead of the most lagging flight whose loads are started
+                              # (the runner's default: n_layer + 1, one token)
 
 
 def plan(flights: list[Flight], params: PolicyParams) -> Plan:

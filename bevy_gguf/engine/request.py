@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,8 @@ class Request:
     finish_reason: str | None = None  # "length", "stop" or "error"
     text_bytes: bytearray = field(default_factory=bytearray)  # bytes of the generated tokens
     utf8_complete: bool = False  # llama-cpp-python's rule: finish no token inside a UTF-8 character
+    cancelled: bool = False  # set by a client that left: the runner drops it at its next step
+    on_update: Callable[[Request], None] | None = field(default=None, repr=False)  # after each output
     multibyte_fix: int = 0  # tokens still to take before checks (an incomplete UTF-8 character)
 
     @property
@@ -74,6 +77,11 @@ class Request:
         self.tokens.append(token)
         self.margins.append(margin)
         self.times.append(time.perf_counter())
+        self._finish_check(is_eog, piece)
+        if self.on_update is not None:
+            self.on_update(self)
+
+    def _finish_check(self, is_eog: bool, piece: bytes) -> None:
         if self.forced is not None:
             if self.n_decoded >= self.n_steps:
                 self.finished, self.finish_reason = True, "length"
@@ -100,6 +108,8 @@ class Request:
 
     def fail(self, why: str) -> None:
         self.error, self.finished, self.finish_reason = why, True, "error"
+        if self.on_update is not None:
+            self.on_update(self)
 
     def choose(self, ctx: Context, row: int) -> tuple[int, float]:
         """The next token from batch row `row` (greedy or sampled) and the greedy margin."""

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 from bevy_gguf.engine.batched import RunStats, context_params
 from bevy_gguf.engine.expert_cache import ExpertCache
 from bevy_gguf.engine.request import Request
+from bevy_gguf.engine.source import FixedSource, RequestSource
 from bevy_gguf.errors import BevyError
-from bevy_gguf.llm import Context, Model
+from bevy_gguf.llm import Context, ContextParams, Model
 
 
 def union_seconds(intervals: list[tuple[float, float]]) -> float:
@@ -49,15 +49,23 @@ class ContextRunner:
         self.flash_attn_type = flash_attn_type
 
     def run(self, requests: list[Request]) -> RunStats:
-        stats = RunStats()
+        """Decode a fixed list of requests."""
         if not requests:
-            return stats
+            return RunStats()
         n_ctx = min(self.n_parallel, len(requests))
-        self.cache.require_slots(n_ctx)
         limit = max(len(r.prompt_tokens) for r in requests)
         micro_batch = self.cache.layout.micro_batch(self.cache.n_slots, limit, contexts=n_ctx)
         # sized like the stock reference's single context (`--engine stock --parallel 1`)
         params = context_params(requests, 1, self.threads_per_context, micro_batch, self.flash_attn_type)
+        return self.serve(FixedSource(requests), params, n_ctx, barrier=len(requests) <= n_ctx)
+
+    def serve(self, source: RequestSource, params: ContextParams, n_ctx: int | None = None,
+              barrier: bool = False) -> RunStats:
+        """Decode what source gives, as it comes, on n_ctx contexts (default: n_parallel) of
+        params each; with barrier, every context prefills before any decodes."""
+        stats = RunStats()
+        n_ctx = n_ctx or self.n_parallel
+        self.cache.require_slots(n_ctx)
         self.cache.set_concurrency(self.concurrency)
         contexts: list[Context] = []
         try:
@@ -65,16 +73,14 @@ class ContextRunner:
                 ctx = Context(self.model, params)
                 contexts.append(ctx)
                 self.cache.attach(ctx)
-            self.micro_batch = micro_batch
-            self._run_threads(contexts, requests, stats)
+            self._run_threads(contexts, source, stats, barrier)
         finally:
             for ctx in contexts:
                 ctx.close()
             self.cache.release_hooks()
         return stats
 
-    def _run_threads(self, contexts: list[Context], requests: list[Request], stats: RunStats) -> None:
-        pending = deque(range(len(requests)))
+    def _run_threads(self, contexts: list[Context], source: RequestSource, stats: RunStats, barrier: bool) -> None:
         lock = threading.Lock()
         decode_spans: list[tuple[float, float]] = []
         prefill_spans: list[tuple[float, float]] = []
@@ -83,13 +89,18 @@ class ContextRunner:
 
         # when every request has a context, all prefill before any decodes: the phases (and
         # their counters) then separate cleanly, as in the batched runner
-        barrier = None
-        if len(requests) <= len(contexts):
-            barrier = threading.Barrier(len(contexts), action=lambda: at_decode.update(self.cache.counters()))
+        prefilled = None
+        if barrier:
+            prefilled = threading.Barrier(len(contexts), action=lambda: at_decode.update(self.cache.counters()))
 
-        def take() -> int | None:
-            with lock:
-                return pending.popleft() if pending else None
+        def take() -> Request | None:
+            while True:
+                with lock:
+                    got = source.take(1)
+                if got:
+                    return got[0]
+                if not source.idle_wait():
+                    return None
 
         def attempt(req: Request, step: Callable[[Request], None]) -> None:
             try:
@@ -99,18 +110,17 @@ class ContextRunner:
 
         def serve(ctx: Context) -> None:
             first = True
-            while (i := take()) is not None:
-                req = requests[i]
+            while (req := take()) is not None:
                 req.seq = 0
                 attempt(req, lambda r: self._prefill(ctx, r, t0, lock, stats, prefill_spans))
-                if first and barrier is not None:
-                    barrier.wait()
+                if first and prefilled is not None:
+                    prefilled.wait()
                 first = False
                 attempt(req, lambda r: self._decode_steps(ctx, r, lock, stats, decode_spans))
                 self.cache.end(ctx)
                 ctx.seq_rm(0)  # its KV cells; pins go with every graph, failed or not
-            if first and barrier is not None:
-                barrier.wait()
+            if first and prefilled is not None:
+                prefilled.wait()
 
         threads = [threading.Thread(target=serve, args=(ctx,), name=f"bevy-ctx-{n}") for n, ctx in enumerate(contexts)]
         for t in threads:
@@ -142,6 +152,9 @@ class ContextRunner:
     def _decode_steps(self, ctx: Context, req: Request, lock: threading.Lock, stats: RunStats,
                       spans: list[tuple[float, float]]) -> None:
         while not req.finished:
+            if req.cancelled:
+                req.fail("cancelled")
+                return
             start = time.perf_counter()
             self.cache.begin(ctx, req.n_decoded + 1)
             try:

@@ -1,0 +1,71 @@
+"""Where a runner takes its requests from: a fixed list (`run`) or a live queue (`serve`)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from bevy_gguf.engine.request import Request
+
+
+class RequestSource:
+    """A runner admits requests from here between steps, in arrival order."""
+
+    def take(self, n: int) -> list[Request]:
+        """Up to n waiting requests, without blocking."""
+        raise NotImplementedError
+
+    def idle_wait(self) -> bool:
+        """Nothing is in flight: block until a request arrives; False once no more will come."""
+        raise NotImplementedError
+
+
+class FixedSource(RequestSource):
+    """The requests of one `run`: all there from the start, no more after."""
+
+    def __init__(self, requests: list[Request]) -> None:
+        self._left = deque(requests)
+
+    def take(self, n: int) -> list[Request]:
+        return [self._left.popleft() for _ in range(min(n, len(self._left)))]
+
+    def idle_wait(self) -> bool:
+        return bool(self._left)
+
+
+class LiveQueue(RequestSource):
+    """A bounded FIFO that a server fills while a runner serves it (thread-safe)."""
+
+    def __init__(self, max_queued: int) -> None:
+        self.max_queued = max_queued
+        self._q: deque[Request] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+
+    def put(self, req: Request) -> bool:
+        """Queue req; False when the queue is full (or closed)."""
+        with self._cv:
+            if self._closed or len(self._q) >= self.max_queued:
+                return False
+            self._q.append(req)
+            self._cv.notify()
+            return True
+
+    def take(self, n: int) -> list[Request]:
+        with self._cv:
+            return [self._q.popleft() for _ in range(min(n, len(self._q)))]
+
+    def idle_wait(self) -> bool:
+        with self._cv:
+            self._cv.wait_for(lambda: self._q or self._closed)
+            return bool(self._q)
+
+    def __len__(self) -> int:
+        with self._cv:
+            return len(self._q)
+
+    def close(self) -> None:
+        """No more requests: the runner stops once the queue is drained."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()

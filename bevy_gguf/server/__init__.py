@@ -1,0 +1,1 @@
+"""`bevy-gguf serve`: an OpenAI-compatible server over the bevy engine (continuous batching)."""
