@@ -26,7 +26,7 @@ from bevy_gguf.errors import BevyError
 from bevy_gguf.llm import Context, ContextParams, Model
 
 WAIT_SLICE_MS = 50  # a wait for loads re-checks at least this often
-MISS_RATE_ALPHA = 0.2  # weight of the newest lookups in a layer's recent miss rate
+MISS_RATE_DECAY = 0.98  # per lookup: a layer's miss rate forgets old lookups at this rate
 
 
 def _ids(values: tuple[int, ...] | list[int]) -> ctypes.Array:
@@ -39,7 +39,7 @@ class SelfBalancingRunner:
     def __init__(self, model: Model, cache: ExpertCache, n_parallel: int, n_threads: int = 2,
                  flash_attn_type: int = -1, wait_timeout_s: float = 300.0,
                  on_step: Callable[[int, list[Flight]], None] | None = None, load_window: int | None = None,
-                 merge_misses: float = 0.5) -> None:
+                 merge_misses: float = 2.0) -> None:
         self.model = model
         self.cache = cache
         self.n_parallel = n_parallel
@@ -172,12 +172,14 @@ class SelfBalancingRunner:
         return end
 
     def _update_miss_rates(self) -> None:
-        """Per layer, a moving average of the fraction of lookups that missed."""
+        """Per layer, a moving average of the fraction of lookups that missed, weighted per
+        lookup (a step of 8 tokens moves it about halfway)."""
         for il in range(self.model.n_layer):
             c = self.cache.counters(il)
             dh, dm = c["hits"] - self._seen[il][0], c["misses"] - self._seen[il][1]
             if dh + dm:
-                self.miss_rate[il] += MISS_RATE_ALPHA * (dm / (dh + dm) - self.miss_rate[il])
+                alpha = 1.0 - MISS_RATE_DECAY ** (dh + dm)
+                self.miss_rate[il] += alpha * (dm / (dh + dm) - self.miss_rate[il])
                 self._seen[il] = (c["hits"], c["misses"])
 
     def _check_timeout(self, flights: list[Flight]) -> None:

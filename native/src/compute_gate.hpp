@@ -1,7 +1,8 @@
 // ComputeGate: bounds how many contexts compute at once; the most lagging waiter goes first.
 #pragma once
 
-#include <chrono>
+#include "busy_clock.hpp"
+
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -28,10 +29,8 @@ private:
     std::mutex              mutex_;
     std::condition_variable cv_;
     std::set<uint64_t>      waiting_;
-    int32_t                 active_ = 0;
+    BusyClock               busy_;  // active() = contexts computing now
     int32_t                 capacity_;
-    std::chrono::steady_clock::time_point busy_since_{};
-    uint64_t                busy_ns_ = 0;
 };
 
 // the priority key of a context about to compute `layer` of token `token`

@@ -27,6 +27,9 @@ ExpertCache::ExpertCache(const CacheConfig & cfg, Link * link, std::string & err
             err = "cannot allocate " + std::to_string(bytes) + " bytes of expert cache";
             return;
         }
+        // touch every page now: the kernel zeroes fresh pages on first touch, which would
+        // otherwise land on the loads (and stall decoding) instead of on start-up
+        std::memset(mem, 0, bytes);
         memory_.push_back(mem);
     }
     queue_ = std::make_unique<UploadQueue>(cfg.n_workers,

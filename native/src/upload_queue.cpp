@@ -28,7 +28,6 @@ void UploadQueue::push(const LoadJob & job) {
 }
 
 void UploadQueue::worker(int32_t index) {
-    using clock = std::chrono::steady_clock;
     for (;;) {
         LoadJob job;
         {
@@ -42,36 +41,24 @@ void UploadQueue::worker(int32_t index) {
         }
         {
             std::lock_guard<std::mutex> lock(busy_mutex_);
-            if (active_++ == 0) {
-                busy_since_ = clock::now();
-            }
+            busy_.start();
         }
         run_(job, index);
         {
             std::lock_guard<std::mutex> lock(busy_mutex_);
-            if (--active_ == 0) {
-                busy_ns_ += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - busy_since_).count();
-            }
+            busy_.stop();
         }
     }
 }
 
 uint64_t UploadQueue::busy_ns() const {
     std::lock_guard<std::mutex> lock(busy_mutex_);
-    uint64_t ns = busy_ns_;
-    if (active_ > 0) {
-        ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(
-                  std::chrono::steady_clock::now() - busy_since_).count();
-    }
-    return ns;
+    return busy_.ns();
 }
 
 void UploadQueue::reset_busy() {
     std::lock_guard<std::mutex> lock(busy_mutex_);
-    busy_ns_ = 0;
-    if (active_ > 0) {
-        busy_since_ = std::chrono::steady_clock::now();
-    }
+    busy_.reset();
 }
 
 } // namespace bevy

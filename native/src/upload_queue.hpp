@@ -1,8 +1,8 @@
 // UploadQueue: worker threads that run load jobs, most urgent first.
 #pragma once
 
-#include <atomic>
-#include <chrono>
+#include "busy_clock.hpp"
+
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -55,11 +55,8 @@ private:
     Runner                            run_;
     std::vector<std::thread>          workers_;
 
-    // link busy time: [busy_since_, now) is open while active_ > 0
     mutable std::mutex                       busy_mutex_;
-    int32_t                                  active_ = 0;
-    std::chrono::steady_clock::time_point    busy_since_{};
-    uint64_t                                 busy_ns_ = 0;
+    BusyClock                                busy_;  // link busy: at least one job running
 };
 
 } // namespace bevy
