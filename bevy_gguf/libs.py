@@ -55,8 +55,3 @@ def use_libllama(kind: str) -> ModuleType:
     llama_cpp.llama_backend_init()
     _chosen = kind
     return llama_cpp
-
-
-def chosen_libllama() -> str | None:
-    """'stock', 'patched', or None before use_libllama was called."""
-    return _chosen

@@ -195,9 +195,6 @@ def libbevy() -> ctypes.CDLL:
     #                          uint64_t priority, int32_t load, int32_t count);
     lib.bevy_cache_query.argtypes = [c_void_p, c_int32, POINTER(c_int32), c_int32, c_uint64, c_int32, c_int32]
     lib.bevy_cache_query.restype = c_int32
-    # int32_t bevy_cache_resident(const bevy_cache * cache, int32_t il);
-    lib.bevy_cache_resident.argtypes = [c_void_p, c_int32]
-    lib.bevy_cache_resident.restype = c_int32
     # uint64_t bevy_cache_version(const bevy_cache * cache);
     lib.bevy_cache_version.argtypes = [c_void_p]
     lib.bevy_cache_version.restype = c_uint64

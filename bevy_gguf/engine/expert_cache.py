@@ -186,9 +186,6 @@ class ExpertCache:
         self.lib.bevy_cache_counters(self.ptr, il, ctypes.byref(c))
         return {f: getattr(c, f) for f, _ in native.BevyCounters._fields_}
 
-    def reset_counters(self) -> None:
-        self.lib.bevy_cache_reset_counters(self.ptr)
-
     def release_hooks(self) -> None:
         """Free the hooks (their contexts must be gone)."""
         for hook in self.hooks:

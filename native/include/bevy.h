@@ -185,8 +185,6 @@ BEVY_API void    bevy_hook_end(bevy_hook * hook);
 // priority (smaller = sooner); with count, count hits and misses. -1 on a bad layer or expert
 BEVY_API int32_t  bevy_cache_query(bevy_cache * cache, int32_t il, const int32_t * experts, int32_t n,
                                    uint64_t priority, int32_t load, int32_t count);
-// experts of layer il loaded right now
-BEVY_API int32_t  bevy_cache_resident(const bevy_cache * cache, int32_t il);
 // changes whenever a load completes
 BEVY_API uint64_t bevy_cache_version(const bevy_cache * cache);
 // wait until the version differs from since (0) or timeout_ms passed (1); counted as stall at il

@@ -428,10 +428,6 @@ int32_t bevy_cache_query(bevy_cache * cache, int32_t il, const int32_t * experts
     return r;
 }
 
-int32_t bevy_cache_resident(const bevy_cache * cache, int32_t il) {
-    return cache->cache->resident(il);
-}
-
 uint64_t bevy_cache_version(const bevy_cache * cache) {
     return cache->cache->version();
 }

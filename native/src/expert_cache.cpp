@@ -275,19 +275,6 @@ int32_t ExpertCache::query(int32_t il, const int32_t * experts, int32_t n, uint6
     return absent;
 }
 
-int32_t ExpertCache::resident(int32_t il) const {
-    if (il < 0 || il >= cfg_.n_layer) {
-        return 0;
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    int32_t n = 0;
-    for (int32_t e = 0; e < cfg_.n_expert; ++e) {
-        const int64_t s = dir_.find(il, e);
-        n += s >= 0 && dir_.state(s) == SlotState::Ready;
-    }
-    return n;
-}
-
 uint64_t ExpertCache::version() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return version_;

@@ -91,9 +91,6 @@ public:
     // load, start loading the absent ones (at priority); with count, count hits and misses.
     int32_t query(int32_t il, const int32_t * experts, int32_t n, uint64_t priority, bool load, bool count);
 
-    // experts of layer il loaded right now
-    int32_t resident(int32_t il) const;
-
     // a counter that changes whenever a load completes
     uint64_t version() const;
     // wait until version() != since or timeout; the wait counts as stall at layer il. true: changed
