@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from bevy_gguf import native
 from bevy_gguf.engine.batched import RunStats, context_params
 from bevy_gguf.engine.expert_cache import ExpertCache
 from bevy_gguf.engine.plan import FIRST, Flight, Group, PolicyParams, admit_loads, plan
@@ -130,32 +131,29 @@ class SelfBalancingRunner:
         stats.decode_counters = {k: totals[k] - at_decode.get(k, 0) for k in totals}
 
     def _refresh(self, flights: list[Flight]) -> None:
-        """Reserve what the admitted flights need, start their loads, and mark who is ready."""
-        lib, cache = self.cache.lib, self.cache.ptr
-        started = [f for f in flights if f.layer != FIRST]
-        layers = [f.layer for f in started]
-        lib.bevy_cache_set_upcoming(cache, _ids(layers), len(layers))
-        lib.bevy_cache_unreserve_all(cache)
+        """Reserve what the admitted flights need, start their loads, and mark who is ready
+        (one libbevy call, bevy_cache_refresh)."""
         admitted = admit_loads(flights, self.policy)
-        for i in admitted:  # hold what the front has, then load what it lacks (never evicting the held)
-            f = flights[i]
-            lib.bevy_cache_reserve(cache, f.layer, _ids(f.experts), len(f.experts))
-        for i in admitted:
-            f = flights[i]
-            priority = (f.progress << 32) | ((f.layer + 1) << 16)
-            ids = _ids(f.experts)
-            if lib.bevy_cache_query(cache, f.layer, ids, len(f.experts), priority, 1, int(not f.counted)) < 0:
-                raise BevyError(f"expert cache query failed at layer {f.layer}")
+        rest = [i for i, f in enumerate(flights) if f.layer != FIRST and i not in admitted]
+        order = admitted + rest  # loads start lagging first
+        n = len(order)
+        c_int32s, c_uint8s = ctypes.c_int32 * max(n, 1), ctypes.c_uint8 * max(n, 1)
+        offsets = [0]
+        for i in order:
+            offsets.append(offsets[-1] + len(flights[i].experts))
+        priority = [(flights[i].progress << 32) | ((flights[i].layer + 1) << 16) for i in order]
+        absent = c_int32s()
+        rc = self.cache.lib.bevy_cache_refresh(
+            self.cache.ptr, n, c_int32s(*(flights[i].layer for i in order)), (ctypes.c_int64 * (n + 1))(*offsets),
+            _ids([e for i in order for e in flights[i].experts]), c_uint8s(*([1] * len(admitted) + [0] * len(rest))),
+            (ctypes.c_uint64 * max(n, 1))(*priority),
+            c_uint8s(*(not flights[i].counted for i in order)), absent)
+        if rc != 0:
+            raise BevyError(f"expert cache refresh failed: {native.last_error()}")
+        missing = dict(zip(order, absent))
+        for i, f in enumerate(flights):
+            f.ready = f.layer == FIRST or missing[i] == 0
             f.counted = True
-        for f in flights:  # after every load started: who is ready now
-            if f.layer == FIRST:
-                f.ready = True
-                continue
-            absent = lib.bevy_cache_query(cache, f.layer, _ids(f.experts), len(f.experts), 0, 0, int(not f.counted))
-            if absent < 0:
-                raise BevyError(f"expert cache query failed at layer {f.layer}")
-            f.counted = True
-            f.ready = absent == 0
 
     def _range_end(self, group: Group, flights: list[Flight]) -> int:
         """Where the group's call stops: right after its own layer, or, when the group holds
@@ -174,13 +172,15 @@ class SelfBalancingRunner:
     def _update_miss_rates(self) -> None:
         """Per layer, a moving average of the fraction of lookups that missed, weighted per
         lookup (a step of 8 tokens moves it about halfway)."""
-        for il in range(self.model.n_layer):
-            c = self.cache.counters(il)
-            dh, dm = c["hits"] - self._seen[il][0], c["misses"] - self._seen[il][1]
+        n_layer = self.model.n_layer
+        hits, misses = (ctypes.c_uint64 * n_layer)(), (ctypes.c_uint64 * n_layer)()
+        self.cache.lib.bevy_cache_lookups(self.cache.ptr, hits, misses, n_layer)
+        for il in range(n_layer):
+            dh, dm = hits[il] - self._seen[il][0], misses[il] - self._seen[il][1]
             if dh + dm:
                 alpha = 1.0 - MISS_RATE_DECAY ** (dh + dm)
                 self.miss_rate[il] += alpha * (dm / (dh + dm) - self.miss_rate[il])
-                self._seen[il] = (c["hits"], c["misses"])
+                self._seen[il] = (hits[il], misses[il])
 
     def _check_timeout(self, flights: list[Flight]) -> None:
         now = time.perf_counter()

@@ -181,22 +181,25 @@ BEVY_API void    bevy_hook_end(bevy_hook * hook);
 // the absent ones), runs groups of ready requests, and waits for loads when none is ready.
 //
 
-// experts of layer il (distinct) not loaded yet; with load, start loading the absent ones at
-// priority (smaller = sooner); with count, count hits and misses. -1 on a bad layer or expert
-BEVY_API int32_t  bevy_cache_query(bevy_cache * cache, int32_t il, const int32_t * experts, int32_t n,
-                                   uint64_t priority, int32_t load, int32_t count);
+// One scheduling pass over n flights under one lock: the flights' layers become the upcoming
+// ones (next-use eviction keeps what they need), every earlier reservation is dropped, the
+// resident experts of the admitted flights (admit[i] != 0) are reserved, then their absent
+// ones are loaded, in flight order, at priority[i]. Flight i needs experts[offsets[i] ..
+// offsets[i + 1]) (distinct) at layers[i]; with count[i] its lookups are counted. absent[i]:
+// how many it still lacks. 0, or -1 (nothing changed) on a bad layer or expert
+BEVY_API int32_t  bevy_cache_refresh(bevy_cache * cache, int32_t n, const int32_t * layers, const int64_t * offsets,
+                                     const int32_t * experts, const uint8_t * admit, const uint64_t * priority,
+                                     const uint8_t * count, int32_t * absent);
+// per layer: lookups that hit and that missed so far
+BEVY_API void     bevy_cache_lookups(const bevy_cache * cache, uint64_t * hits, uint64_t * misses, int32_t n_layer);
 // changes whenever a load completes
 BEVY_API uint64_t bevy_cache_version(const bevy_cache * cache);
 // wait until the version differs from since (0) or timeout_ms passed (1); counted as stall at il
 BEVY_API int32_t  bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, int32_t il);
-// reservations: pin the slots mapped to these experts (loaded or loading) so no load evicts
-// them; returns how many were pinned. bevy_cache_unreserve_all drops every reservation
-BEVY_API int32_t  bevy_cache_reserve(bevy_cache * cache, int32_t il, const int32_t * experts, int32_t n);
+// drop every reservation bevy_cache_refresh made
 BEVY_API void     bevy_cache_unreserve_all(bevy_cache * cache);
-// the layers waiting requests compute next: next-use eviction keeps what they need
-BEVY_API void     bevy_cache_set_upcoming(bevy_cache * cache, const int32_t * layers, int32_t n);
 // count hits and misses in the hook (default), or not, or only from layer from_layer on (the
-// scheduler counted the layers before at bevy_cache_query)
+// scheduler counted the layers before at bevy_cache_refresh)
 BEVY_API int32_t  bevy_hook_set_counting(bevy_hook * hook, int32_t on, int32_t from_layer);
 // the selection of the last route-only call: rows of k ids in batch order; *il its layer
 BEVY_API int64_t  bevy_hook_routed(const bevy_hook * hook, int32_t * out, int64_t max_rows, int32_t * il);

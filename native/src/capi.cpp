@@ -419,13 +419,18 @@ int32_t bevy_hook_fn(void * user_data, const bevy_moe_call * call) {
     }, -1);
 }
 
-int32_t bevy_cache_query(bevy_cache * cache, int32_t il, const int32_t * experts, int32_t n, uint64_t priority,
-                         int32_t load, int32_t count) {
-    const int32_t r = cache->cache->query(il, experts, n, priority, load != 0, count != 0);
+int32_t bevy_cache_refresh(bevy_cache * cache, int32_t n, const int32_t * layers, const int64_t * offsets,
+                           const int32_t * experts, const uint8_t * admit, const uint64_t * priority,
+                           const uint8_t * count, int32_t * absent) {
+    const int32_t r = cache->cache->refresh(n, layers, offsets, experts, admit, priority, count, absent);
     if (r < 0) {
-        g_error = "bevy_cache_query: layer or expert out of range";
+        g_error = "bevy_cache_refresh: layer or expert out of range";
     }
     return r;
+}
+
+void bevy_cache_lookups(const bevy_cache * cache, uint64_t * hits, uint64_t * misses, int32_t n_layer) {
+    cache->cache->lookups(hits, misses, n_layer);
 }
 
 uint64_t bevy_cache_version(const bevy_cache * cache) {
@@ -436,16 +441,8 @@ int32_t bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, 
     return cache->cache->wait_change(since, timeout_ms, il) ? 0 : 1;
 }
 
-int32_t bevy_cache_reserve(bevy_cache * cache, int32_t il, const int32_t * experts, int32_t n) {
-    return cache->cache->reserve(il, experts, n);
-}
-
 void bevy_cache_unreserve_all(bevy_cache * cache) {
     cache->cache->unreserve_all();
-}
-
-void bevy_cache_set_upcoming(bevy_cache * cache, const int32_t * layers, int32_t n) {
-    cache->cache->set_upcoming(layers, n);
 }
 
 int32_t bevy_hook_set_counting(bevy_hook * hook, int32_t on, int32_t from_layer) {

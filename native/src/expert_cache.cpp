@@ -239,7 +239,8 @@ void ExpertCache::release(std::vector<int64_t> & pins) {
     changed_.notify_all();
 }
 
-int32_t ExpertCache::query(int32_t il, const int32_t * experts, int32_t n, uint64_t priority, bool load, bool count) {
+int32_t ExpertCache::query_locked(int32_t il, const int32_t * experts, int32_t n, uint64_t priority, bool load,
+                                  bool count) {
     if (il < 0 || il >= cfg_.n_layer) {
         return -1;
     }
@@ -247,7 +248,6 @@ int32_t ExpertCache::query(int32_t il, const int32_t * experts, int32_t n, uint6
     for (int32_t k = 0; k < cfg_.n_kinds; ++k) {
         slot_bytes += cfg_.kind_bytes[k];
     }
-    std::lock_guard<std::mutex> lock(mutex_);
     Counters & lc = layer_counters_[il];
     const std::vector<int32_t> none;
     int32_t absent = 0;
@@ -275,6 +275,61 @@ int32_t ExpertCache::query(int32_t il, const int32_t * experts, int32_t n, uint6
     return absent;
 }
 
+int32_t ExpertCache::refresh(int32_t n, const int32_t * layers, const int64_t * offsets, const int32_t * experts,
+                             const uint8_t * admit, const uint64_t * priority, const uint8_t * count,
+                             int32_t * absent) {
+    for (int32_t i = 0; i < n; ++i) { // validate first: a bad id changes nothing
+        if (layers[i] < 0 || layers[i] >= cfg_.n_layer || offsets[i] > offsets[i + 1]) {
+            return -1;
+        }
+        for (int64_t j = offsets[i]; j < offsets[i + 1]; ++j) {
+            if (experts[j] < 0 || experts[j] >= cfg_.n_expert) {
+                return -1;
+            }
+        }
+    }
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        upcoming_.assign(layers, layers + n);
+        for (int64_t s : reserved_) {
+            dir_.unpin(s);
+        }
+        pinned_ -= (int64_t) reserved_.size();
+        reserved_.clear();
+        // hold what the admitted flights have, then load what they lack (never evicting the held)
+        for (int32_t i = 0; i < n; ++i) {
+            for (int64_t j = offsets[i]; admit[i] && j < offsets[i + 1]; ++j) {
+                const int64_t s = dir_.find(layers[i], experts[j]);
+                if (s >= 0) {
+                    dir_.pin(s);
+                    pinned_++;
+                    reserved_.push_back(s);
+                }
+            }
+        }
+        for (int32_t i = 0; i < n; ++i) {
+            if (admit[i]) {
+                query_locked(layers[i], experts + offsets[i], (int32_t) (offsets[i + 1] - offsets[i]), priority[i],
+                             true, count[i] != 0);
+            }
+        }
+        for (int32_t i = 0; i < n; ++i) { // after every load started: who still lacks experts
+            absent[i] = query_locked(layers[i], experts + offsets[i], (int32_t) (offsets[i + 1] - offsets[i]), 0,
+                                     false, count[i] != 0 && !admit[i]);
+        }
+    }
+    changed_.notify_all(); // dropped reservations may free slots a waiter needs
+    return 0;
+}
+
+void ExpertCache::lookups(uint64_t * hits, uint64_t * misses, int32_t n_layer) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int32_t il = 0; il < n_layer && il < cfg_.n_layer; ++il) {
+        hits[il]   = layer_counters_[il].hits;
+        misses[il] = layer_counters_[il].misses;
+    }
+}
+
 uint64_t ExpertCache::version() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return version_;
@@ -292,31 +347,8 @@ bool ExpertCache::wait_change(uint64_t since, int32_t timeout_ms, int32_t il) {
     return changed;
 }
 
-int32_t ExpertCache::reserve(int32_t il, const int32_t * experts, int32_t n) {
-    if (il < 0 || il >= cfg_.n_layer) {
-        return 0;
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    int32_t pinned = 0;
-    for (int32_t i = 0; i < n; ++i) {
-        const int64_t s = experts[i] >= 0 && experts[i] < cfg_.n_expert ? dir_.find(il, experts[i]) : -1;
-        if (s >= 0) {
-            dir_.pin(s);
-            pinned_++;
-            reserved_.push_back(s);
-            pinned++;
-        }
-    }
-    return pinned;
-}
-
 void ExpertCache::unreserve_all() {
     release(reserved_);
-}
-
-void ExpertCache::set_upcoming(const int32_t * layers, int32_t n) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    upcoming_.assign(layers, layers + n);
 }
 
 Counters ExpertCache::counters(int32_t il) const {

@@ -87,21 +87,22 @@ public:
     // unpin (and clear) pins
     void release(std::vector<int64_t> & pins);
 
-    // Without waiting: how many of the n distinct experts of layer il are not loaded yet; with
-    // load, start loading the absent ones (at priority); with count, count hits and misses.
-    int32_t query(int32_t il, const int32_t * experts, int32_t n, uint64_t priority, bool load, bool count);
-
     // a counter that changes whenever a load completes
     uint64_t version() const;
     // wait until version() != since or timeout; the wait counts as stall at layer il. true: changed
     bool wait_change(uint64_t since, int32_t timeout_ms, int32_t il);
 
-    // layers that waiting requests will compute next (they steer next-use eviction)
-    void set_upcoming(const int32_t * layers, int32_t n);
+    // One scheduling pass, under one lock (see bevy_cache_refresh): the upcoming layers are
+    // the flights', the old reservations go, the admitted flights' resident experts are
+    // reserved and their absent ones loaded (in order, at their priorities), and absent[i] says
+    // how many experts flight i still lacks. -1 on a bad layer or expert id.
+    int32_t refresh(int32_t n, const int32_t * layers, const int64_t * offsets, const int32_t * experts,
+                    const uint8_t * admit, const uint64_t * priority, const uint8_t * count, int32_t * absent);
 
-    // a scheduler's reservations: pin the mapped slots of these experts (loaded or loading) so
-    // that no load evicts them; returns how many it pinned. unreserve_all drops them all.
-    int32_t reserve(int32_t il, const int32_t * experts, int32_t n);
+    // per layer: lookups found resident and lookups that missed, so far
+    void lookups(uint64_t * hits, uint64_t * misses, int32_t n_layer) const;
+
+    // drop the reservations refresh made
     void    unreserve_all();
 
     // contexts whose hooks are gated compute at most `capacity` at once, lagging first
@@ -118,6 +119,9 @@ public:
 
 private:
     void load(const LoadJob & job, int32_t worker);
+    // With the mutex held: how many of the n distinct experts of layer il are not loaded yet;
+    // with load, start loading the absent ones (at priority); with count, count the lookups.
+    int32_t query_locked(int32_t il, const int32_t * experts, int32_t n, uint64_t priority, bool load, bool count);
 
     CacheConfig             cfg_;
     Link *                  link_;

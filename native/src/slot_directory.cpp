@@ -5,7 +5,7 @@
 namespace bevy {
 
 namespace {
-constexpr float kFreqAlpha = 0.1f;  // weight of the newest visit in the usage frequency
+constexpr float kFreqAlpha = 0.02f; // weight of the newest visit in the usage frequency (replayed: 0.02 loads 2-4% fewer bytes than 0.1 at 50-75%)
 constexpr float kFreqFloor = 0.01f; // never-used experts: next use ~100 cycles away
 constexpr float kFreqInit  = 0.1f;
 } // namespace

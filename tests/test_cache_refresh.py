@@ -1,0 +1,79 @@
+"""bevy_cache_refresh: the self-balancing scheduler's one call per pass (reserve, load, ask)."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from pathlib import Path
+
+import pytest
+
+from bevy_gguf import native
+from bevy_gguf.engine.expert_cache import CacheLayout, ExpertCache
+from bevy_gguf.gguf_info import inspect_model
+from bevy_gguf.offload import LinkSpec
+
+Flight = tuple[int, list[int], bool, bool]  # layer, experts, admitted, counted
+
+
+def refresh(cache: ExpertCache, flights: list[Flight]) -> list[int] | None:
+    """Absent experts per flight, or None when libbevy refused the call."""
+    n = len(flights)
+    offsets = [0]
+    for _, experts, _, _ in flights:
+        offsets.append(offsets[-1] + len(experts))
+    ids = [e for _, experts, _, _ in flights for e in experts]
+    absent = (ctypes.c_int32 * n)()
+    rc = cache.lib.bevy_cache_refresh(
+        cache.ptr, n, (ctypes.c_int32 * n)(*(f[0] for f in flights)), (ctypes.c_int64 * (n + 1))(*offsets),
+        (ctypes.c_int32 * max(1, len(ids)))(*ids), (ctypes.c_uint8 * n)(*(f[2] for f in flights)),
+        (ctypes.c_uint64 * n)(*range(n)), (ctypes.c_uint8 * n)(*(f[3] for f in flights)), absent)
+    return None if rc != 0 else list(absent)
+
+
+def settle(cache: ExpertCache, flights: list[Flight], want: list[int], timeout_s: float = 10.0) -> list[int]:
+    """Refresh (counting nothing) until the absent counts are want, or the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = refresh(cache, [(il, e, a, False) for il, e, a, _ in flights])
+        if got == want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.01)
+
+
+@pytest.fixture()
+def cache3(qwen3_tiny: Path) -> ExpertCache:
+    """A cache of 3 slots over the tiny model (2 layers of 8 experts, top-2)."""
+    info = inspect_model(qwen3_tiny)
+    with ExpertCache(info, 3 * CacheLayout.of(info).slot_bytes, LinkSpec.parse("ram")) as cache:
+        yield cache
+
+
+def test_admitted_flights_load_others_only_ask(cache3: ExpertCache) -> None:
+    flights = [(0, [0, 1], True, True), (1, [2], False, True)]
+    assert refresh(cache3, flights) == [2, 1]
+    assert settle(cache3, flights, [0, 1]) == [0, 1]  # the admitted one loaded, the other never
+    c0, c1 = cache3.counters(0), cache3.counters(1)
+    assert (c0["misses"], c0["loads"], c1["misses"], c1["loads"]) == (2, 2, 1, 0)
+    refresh(cache3, [(0, [0, 1], True, False)])  # counted once: asking again counts nothing
+    assert (cache3.counters(0)["hits"], cache3.counters(0)["misses"]) == (0, 2)
+
+
+def test_reserved_experts_are_never_evicted_by_later_loads(cache3: ExpertCache) -> None:
+    front = (0, [0, 1], True, False)
+    assert settle(cache3, [front], [0]) == [0]
+    # one slot is left: the flight behind gets one of its two experts, never the front's slots
+    behind = (1, [2, 3], True, False)
+    assert settle(cache3, [front, behind], [0, 1]) == [0, 1]
+    time.sleep(0.05)
+    assert refresh(cache3, [front, behind]) == [0, 1]
+    # without the front's reservation its experts may go
+    assert settle(cache3, [behind], [0]) == [0]
+
+
+def test_a_bad_expert_id_changes_nothing(cache3: ExpertCache) -> None:
+    before = cache3.counters()
+    assert refresh(cache3, [(0, [0], True, True), (1, [99], True, True)]) is None
+    assert "out of range" in native.last_error()
+    assert refresh(cache3, [(5, [0], True, True)]) is None
+    assert cache3.counters() == before
