@@ -191,10 +191,10 @@ def libbevy() -> ctypes.CDLL:
     # int64_t bevy_cache_events(bevy_cache * cache, bevy_event * out, int64_t max);
     lib.bevy_cache_events.argtypes = [c_void_p, POINTER(BevyEvent), c_int64]
     lib.bevy_cache_events.restype = c_int64
-    # int32_t bevy_cache_refresh(bevy_cache * cache, int32_t n, const int32_t * layers, const int64_t * offsets,
-    #                            const int32_t * experts, const uint8_t * admit, const uint64_t * priority,
-    #                            const uint8_t * count, int32_t * absent);
-    lib.bevy_cache_refresh.argtypes = [c_void_p, c_int32, POINTER(c_int32), POINTER(c_int64), POINTER(c_int32),
+    # int32_t bevy_cache_refresh(bevy_cache * cache, int32_t owner, int32_t n, const int32_t * layers,
+    #                            const int64_t * offsets, const int32_t * experts, const uint8_t * admit,
+    #                            const uint64_t * priority, const uint8_t * count, int32_t * absent);
+    lib.bevy_cache_refresh.argtypes = [c_void_p, c_int32, c_int32, POINTER(c_int32), POINTER(c_int64), POINTER(c_int32),
                                        POINTER(c_uint8), POINTER(c_uint64), POINTER(c_uint8), POINTER(c_int32)]
     lib.bevy_cache_refresh.restype = c_int32
     # void bevy_cache_lookups(const bevy_cache * cache, uint64_t * hits, uint64_t * misses, int32_t n_layer);
@@ -206,8 +206,8 @@ def libbevy() -> ctypes.CDLL:
     # int32_t bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, int32_t il);
     lib.bevy_cache_wait.argtypes = [c_void_p, c_uint64, c_int32, c_int32]
     lib.bevy_cache_wait.restype = c_int32
-    # void bevy_cache_unreserve_all(bevy_cache * cache);
-    lib.bevy_cache_unreserve_all.argtypes = [c_void_p]
+    # void bevy_cache_unreserve_all(bevy_cache * cache, int32_t owner);
+    lib.bevy_cache_unreserve_all.argtypes = [c_void_p, c_int32]
     lib.bevy_cache_unreserve_all.restype = None
     # int32_t bevy_hook_set_counting(bevy_hook * hook, int32_t on, int32_t from_layer);
     lib.bevy_hook_set_counting.argtypes = [c_void_p, c_int32, c_int32]

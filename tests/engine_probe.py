@@ -47,7 +47,9 @@ def main() -> int:
                 if step in cancel and cancel[step] not in cancelled_at:
                     i = cancel[step]
                     f = next((f for f in flights if f.index == i), None)
-                    cancelled_at[i] = [f.layer, f.pos0, f.prefill] if f else None
+                    if f is None:  # in another lane (bevy runs a step loop per lane)
+                        return
+                    cancelled_at[i] = [f.layer, f.pos0, f.prefill]
                     requests[i].cancelled = True
             runner.on_step = on_step
         stats = runner.run(requests)

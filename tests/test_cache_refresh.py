@@ -16,7 +16,7 @@ from bevy_gguf.offload import LinkSpec
 Flight = tuple[int, list[int], bool, bool]  # layer, experts, admitted, counted
 
 
-def refresh(cache: ExpertCache, flights: list[Flight]) -> list[int] | None:
+def refresh(cache: ExpertCache, flights: list[Flight], owner: int = 0) -> list[int] | None:
     """Absent experts per flight, or None when libbevy refused the call."""
     n = len(flights)
     offsets = [0]
@@ -25,7 +25,7 @@ def refresh(cache: ExpertCache, flights: list[Flight]) -> list[int] | None:
     ids = [e for _, experts, _, _ in flights for e in experts]
     absent = (ctypes.c_int32 * n)()
     rc = cache.lib.bevy_cache_refresh(
-        cache.ptr, n, (ctypes.c_int32 * n)(*(f[0] for f in flights)), (ctypes.c_int64 * (n + 1))(*offsets),
+        cache.ptr, owner, n, (ctypes.c_int32 * n)(*(f[0] for f in flights)), (ctypes.c_int64 * (n + 1))(*offsets),
         (ctypes.c_int32 * max(1, len(ids)))(*ids), (ctypes.c_uint8 * n)(*(f[2] for f in flights)),
         (ctypes.c_uint64 * n)(*range(n)), (ctypes.c_uint8 * n)(*(f[3] for f in flights)), absent)
     return None if rc != 0 else list(absent)

@@ -65,3 +65,23 @@ def test_loads_go_to_the_front_within_the_cache() -> None:
     assert admit_loads(flights, wide) == [0, 2]  # lagging first; flight 1 would make 4 experts > 3
     wider = PolicyParams(n_layer=4, max_tokens=64, max_experts=4, load_window=1)
     assert admit_loads(flights, wider) == [0, 2, 1]
+
+
+def test_lanes_one_per_thread_while_the_cache_serves_each_its_calls_and_reservations() -> None:
+    from types import SimpleNamespace
+
+    from bevy_gguf.engine.layerwise import SelfBalancingRunner
+
+    layout = SimpleNamespace(min_slots=lambda tokens=1, contexts=1: 8 * tokens * contexts)  # top-8
+
+    def lanes(n_threads: int, n_seq: int, n_slots: int, per_lane: int = 1) -> int:
+        cache = SimpleNamespace(n_slots=n_slots, layout=layout)
+        runner = SelfBalancingRunner(SimpleNamespace(n_layer=8), cache, 8, n_threads, threads_per_lane=per_lane)
+        return runner.lanes_for(n_seq)
+
+    assert lanes(2, 8, 512) == 2
+    assert lanes(4, 8, 512) == 4
+    assert lanes(4, 8, 512, per_lane=2) == 2
+    assert lanes(2, 1, 512) == 1  # a single sequence
+    assert lanes(4, 8, 40) == 2   # each lane needs 8 slots for its calls and 8 for reservations
+    assert lanes(2, 8, 31) == 1   # the minimum cache: one lane, as before

@@ -181,13 +181,14 @@ BEVY_API void    bevy_hook_end(bevy_hook * hook);
 // the absent ones), runs groups of ready requests, and waits for loads when none is ready.
 //
 
-// One scheduling pass over n flights under one lock: the flights' layers become the upcoming
-// ones (next-use eviction keeps what they need), every earlier reservation is dropped, the
+// One scheduling pass of an owner (a scheduler sharing the cache, 0 <= owner < 64) over its n
+// flights, under one lock: their layers become the owner's upcoming ones (next-use eviction
+// keeps what every owner's flights need), the owner's earlier reservations are dropped, the
 // resident experts of the admitted flights (admit[i] != 0) are reserved, then their absent
 // ones are loaded, in flight order, at priority[i]. Flight i needs experts[offsets[i] ..
 // offsets[i + 1]) (distinct) at layers[i]; with count[i] its lookups are counted. absent[i]:
-// how many it still lacks. 0, or -1 (nothing changed) on a bad layer or expert
-BEVY_API int32_t  bevy_cache_refresh(bevy_cache * cache, int32_t n, const int32_t * layers, const int64_t * offsets,
+// how many it still lacks. 0, or -1 (nothing changed) on a bad owner, layer or expert
+BEVY_API int32_t  bevy_cache_refresh(bevy_cache * cache, int32_t owner, int32_t n, const int32_t * layers, const int64_t * offsets,
                                      const int32_t * experts, const uint8_t * admit, const uint64_t * priority,
                                      const uint8_t * count, int32_t * absent);
 // per layer: lookups that hit and that missed so far
@@ -196,8 +197,8 @@ BEVY_API void     bevy_cache_lookups(const bevy_cache * cache, uint64_t * hits, 
 BEVY_API uint64_t bevy_cache_version(const bevy_cache * cache);
 // wait until the version differs from since (0) or timeout_ms passed (1); counted as stall at il
 BEVY_API int32_t  bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, int32_t il);
-// drop every reservation bevy_cache_refresh made
-BEVY_API void     bevy_cache_unreserve_all(bevy_cache * cache);
+// drop every reservation the owner's bevy_cache_refresh made
+BEVY_API void     bevy_cache_unreserve_all(bevy_cache * cache, int32_t owner);
 // count hits and misses in the hook (default), or not, or only from layer from_layer on (the
 // scheduler counted the layers before at bevy_cache_refresh)
 BEVY_API int32_t  bevy_hook_set_counting(bevy_hook * hook, int32_t on, int32_t from_layer);

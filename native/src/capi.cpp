@@ -419,12 +419,12 @@ int32_t bevy_hook_fn(void * user_data, const bevy_moe_call * call) {
     }, -1);
 }
 
-int32_t bevy_cache_refresh(bevy_cache * cache, int32_t n, const int32_t * layers, const int64_t * offsets,
+int32_t bevy_cache_refresh(bevy_cache * cache, int32_t owner, int32_t n, const int32_t * layers, const int64_t * offsets,
                            const int32_t * experts, const uint8_t * admit, const uint64_t * priority,
                            const uint8_t * count, int32_t * absent) {
-    const int32_t r = cache->cache->refresh(n, layers, offsets, experts, admit, priority, count, absent);
+    const int32_t r = cache->cache->refresh(owner, n, layers, offsets, experts, admit, priority, count, absent);
     if (r < 0) {
-        g_error = "bevy_cache_refresh: layer or expert out of range";
+        g_error = "bevy_cache_refresh: owner, layer or expert out of range";
     }
     return r;
 }
@@ -441,8 +441,8 @@ int32_t bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, 
     return cache->cache->wait_change(since, timeout_ms, il) ? 0 : 1;
 }
 
-void bevy_cache_unreserve_all(bevy_cache * cache) {
-    cache->cache->unreserve_all();
+void bevy_cache_unreserve_all(bevy_cache * cache, int32_t owner) {
+    cache->cache->unreserve_all(owner);
 }
 
 int32_t bevy_hook_set_counting(bevy_hook * hook, int32_t on, int32_t from_layer) {

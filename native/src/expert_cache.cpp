@@ -275,9 +275,12 @@ int32_t ExpertCache::query_locked(int32_t il, const int32_t * experts, int32_t n
     return absent;
 }
 
-int32_t ExpertCache::refresh(int32_t n, const int32_t * layers, const int64_t * offsets, const int32_t * experts,
+int32_t ExpertCache::refresh(int32_t owner, int32_t n, const int32_t * layers, const int64_t * offsets, const int32_t * experts,
                              const uint8_t * admit, const uint64_t * priority, const uint8_t * count,
                              int32_t * absent) {
+    if (owner < 0 || owner >= kMaxOwners) {
+        return -1;
+    }
     for (int32_t i = 0; i < n; ++i) { // validate first: a bad id changes nothing
         if (layers[i] < 0 || layers[i] >= cfg_.n_layer || offsets[i] > offsets[i + 1]) {
             return -1;
@@ -290,12 +293,21 @@ int32_t ExpertCache::refresh(int32_t n, const int32_t * layers, const int64_t * 
     }
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        upcoming_.assign(layers, layers + n);
-        for (int64_t s : reserved_) {
+        if ((size_t) owner >= reserved_.size()) {
+            reserved_.resize(owner + 1);
+            upcoming_by_.resize(owner + 1);
+        }
+        upcoming_by_[owner].assign(layers, layers + n);
+        upcoming_.clear();
+        for (const auto & u : upcoming_by_) {
+            upcoming_.insert(upcoming_.end(), u.begin(), u.end());
+        }
+        std::vector<int64_t> & reserved = reserved_[owner];
+        for (int64_t s : reserved) {
             dir_.unpin(s);
         }
-        pinned_ -= (int64_t) reserved_.size();
-        reserved_.clear();
+        pinned_ -= (int64_t) reserved.size();
+        reserved.clear();
         // hold what the admitted flights have, then load what they lack (never evicting the held)
         for (int32_t i = 0; i < n; ++i) {
             for (int64_t j = offsets[i]; admit[i] && j < offsets[i + 1]; ++j) {
@@ -303,7 +315,7 @@ int32_t ExpertCache::refresh(int32_t n, const int32_t * layers, const int64_t * 
                 if (s >= 0) {
                     dir_.pin(s);
                     pinned_++;
-                    reserved_.push_back(s);
+                    reserved.push_back(s);
                 }
             }
         }
@@ -347,8 +359,16 @@ bool ExpertCache::wait_change(uint64_t since, int32_t timeout_ms, int32_t il) {
     return changed;
 }
 
-void ExpertCache::unreserve_all() {
-    release(reserved_);
+void ExpertCache::unreserve_all(int32_t owner) {
+    std::vector<int64_t> pins;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (owner < 0 || (size_t) owner >= reserved_.size()) {
+            return;
+        }
+        pins.swap(reserved_[owner]);
+    }
+    release(pins);
 }
 
 Counters ExpertCache::counters(int32_t il) const {

@@ -17,6 +17,7 @@
 namespace bevy {
 
 constexpr int32_t kMaxKinds = 8;
+constexpr int32_t kMaxOwners = 64; // schedulers sharing one cache
 
 struct CacheConfig {
     int32_t  n_layer         = 0;
@@ -92,18 +93,19 @@ public:
     // wait until version() != since or timeout; the wait counts as stall at layer il. true: changed
     bool wait_change(uint64_t since, int32_t timeout_ms, int32_t il);
 
-    // One scheduling pass, under one lock (see bevy_cache_refresh): the upcoming layers are
-    // the flights', the old reservations go, the admitted flights' resident experts are
-    // reserved and their absent ones loaded (in order, at their priorities), and absent[i] says
-    // how many experts flight i still lacks. -1 on a bad layer or expert id.
-    int32_t refresh(int32_t n, const int32_t * layers, const int64_t * offsets, const int32_t * experts,
+    // One scheduling pass of an owner (a scheduler sharing the cache, numbered from 0), under
+    // one lock (see bevy_cache_refresh): its upcoming layers are the flights', its old
+    // reservations go, the admitted flights' resident experts are reserved and their absent
+    // ones loaded (in order, at their priorities), and absent[i] says how many experts flight i
+    // still lacks. -1 on a bad owner, layer or expert id.
+    int32_t refresh(int32_t owner, int32_t n, const int32_t * layers, const int64_t * offsets, const int32_t * experts,
                     const uint8_t * admit, const uint64_t * priority, const uint8_t * count, int32_t * absent);
 
     // per layer: lookups found resident and lookups that missed, so far
     void lookups(uint64_t * hits, uint64_t * misses, int32_t n_layer) const;
 
-    // drop the reservations refresh made
-    void    unreserve_all();
+    // drop the reservations an owner's refresh made
+    void    unreserve_all(int32_t owner);
 
     // contexts whose hooks are gated compute at most `capacity` at once, lagging first
     ComputeGate & gate() { return gate_; }
@@ -137,8 +139,9 @@ private:
     std::vector<uint8_t>    used_;       // scratch: experts used at this visit
     std::vector<std::string> load_errors_; // per slot: why its load failed
     std::vector<int32_t>    positions_;  // per registered context: the layer it computes (-1: idle)
-    std::vector<int32_t>    upcoming_;   // layers waiting requests compute next
-    std::vector<int64_t>    reserved_;   // slots a scheduler pinned
+    std::vector<std::vector<int32_t>> upcoming_by_; // per owner: layers its flights compute next
+    std::vector<int32_t>    upcoming_;   // every owner's together
+    std::vector<std::vector<int64_t>> reserved_; // per owner: slots it pinned
     uint64_t                version_ = 0;
     std::vector<std::vector<float>> routers_; // per layer: router weights, for prefetch
     int32_t                 router_n_embd_ = 0;
