@@ -101,3 +101,14 @@ def test_bad_bench_arguments(qwen3_tiny: Path) -> None:
     for args, fragment in ((["--systems", "llama"], "unknown system"), (["--sweep", "size=1"], "cache=25%")):
         proc = run_cli("bench", qwen3_tiny, *args, check=False)
         assert proc.returncode != 0 and fragment in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_bound_computes_at_the_fastest_all_resident_speed_measured() -> None:
+    from bevy_gguf.bench.harness import fastest_compute_s
+
+    resident = [{"decode_s": 2.0}, {"decode_s": 2.2}, {"error": "killed"}]
+    rows = [{"cache": 100.0, "tok_per_s": 512.0}, {"cache": 25.0, "tok_per_s": 5000.0},
+            {"cache": 100.0, "tok_per_s": None}]
+    assert fastest_compute_s(resident, rows, 512) == 1.0  # a system at 100% beat stock-resident
+    assert fastest_compute_s(resident, rows[1:], 512) == 2.1  # only a 100% cache counts as resident
+    assert fastest_compute_s([], [], 512) is None

@@ -45,8 +45,9 @@ def markdown(report: dict[str, Any], command: str) -> str:
             f"{_fmt(r['tpot_p50_ms'])} / {_fmt(r['tpot_p99_ms'])} | {_fmt(r['ttft_ms'], '.0f')} | "
             f"{_fmt(r['hit_rate'], '.3f')} | {_fmt(r['bytes_loaded'] and r['bytes_loaded'] / 1e6, '.0f')} | "
             f"{_fmt(r.get('link_utilization'), '.2f')} | {_fmt(r['overlap_efficiency'], '.2f')} | {status} |")
-    lines += ["", "Bound per cache point (the larger of compute at full batching, stock-resident's decode time, and "
-              "the link time of Belady's optimal misses of the recorded order):", "",
+    lines += ["", "Bound per cache point (the larger of the compute time, the fastest decode measured with every "
+              "expert in memory, stock-resident or any system at a 100% cache, and the link time of Belady's "
+              "optimal misses of the recorded order):", "",
               "| cache | bound tok/s | Belady misses | compute s | link s |", "|---|---|---|---|---|"]
     for b in report["bound"]:
         lines.append(f"| {b['cache']:.0f}% | {_fmt(b['tok_per_s'])} | {b['belady_misses']} | "
