@@ -162,8 +162,10 @@ class _Lane:
     """One context and its step loop: the flights of its sequences, grouped layer by layer.
 
     With several lanes, a lane keeps its reservations while it computes (another lane's loads
-    would evict what its waiting flights hold: measured, 40% more bytes), so each lane reserves
-    at most a quarter of its share of the slots, and its calls fit in another quarter.
+    would evict what its waiting flights hold: measured, 40% more bytes), so of its share of
+    the slots (1/lanes) a lane reserves at most half and its calls' tokens fit in the other half:
+    the lanes' pins never fill the cache, and no call can wait for a slot that only a waiting
+    lane could free.
     """
 
     def __init__(self, runner: SelfBalancingRunner, owner: int, lanes: int, params: ContextParams,
@@ -174,7 +176,9 @@ class _Lane:
         self.keep_reservations = lanes > 1
         share = self.cache.n_slots // (2 * lanes) if lanes > 1 else self.cache.n_slots
         self.chunk = self.cache.layout.micro_batch(share, self.params.n_batch)
-        self.policy = PolicyParams(n_layer=self.model.n_layer, max_tokens=self.params.n_batch, max_experts=share,
+        # with reservations held, a call's tokens must fit its share at every layer it merges
+        max_tokens = self.chunk if self.keep_reservations else self.params.n_batch
+        self.policy = PolicyParams(n_layer=self.model.n_layer, max_tokens=max_tokens, max_experts=share,
                                    hold_decode=hold_decode, load_window=runner.load_window)
         self.hold_decode = hold_decode
         self.stats = RunStats()
