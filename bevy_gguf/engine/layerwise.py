@@ -91,7 +91,7 @@ class SelfBalancingRunner:
         self.cache.set_concurrency(k)
         self.requests: list[Request] = []  # every lane's, in arrival order: Flight.index points here
         self._lock = threading.Lock()
-        self._prefilling = k if hold_decode else 0  # lanes still prefilling (hold_decode)
+        self._prefilling = k if hold_decode else 0  # lanes that decode only once it is 0 (hold_decode)
         self._prefilled = threading.Condition(self._lock)
         self._at_decode: dict[str, int] | None = None  # cache counters when decoding began
         lanes = []
@@ -128,17 +128,16 @@ class SelfBalancingRunner:
 
     def _lane_prefilled(self, lane: _Lane) -> None:
         """A lane has no prompt left to prefill (or stopped): with hold_decode, it waits for the
-        other lanes; the first decode starts when all are there."""
+        other lanes. The decode counters start when the first lane goes on."""
         with self._prefilled:
-            if self._at_decode is None and not lane.prefill_done:
+            if not lane.prefill_done:
                 lane.prefill_done = True
                 self._prefilling -= 1
                 if self._prefilling <= 0:
-                    self._at_decode = self.cache.counters()
                     self._prefilled.notify_all()
-            while self._prefilling > 0 and self._at_decode is None:
+            while self._prefilling > 0:
                 self._prefilled.wait()
-            if self._at_decode is None:  # not holding: the first lane to decode starts the count
+            if self._at_decode is None:
                 self._at_decode = self.cache.counters()
 
     def _merge(self, lanes: list[_Lane]) -> RunStats:
