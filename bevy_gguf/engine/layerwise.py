@@ -179,7 +179,6 @@ class _Lane:
         max_tokens = self.chunk if self.keep_reservations else self.params.n_batch
         self.policy = PolicyParams(n_layer=self.model.n_layer, max_tokens=max_tokens, max_experts=share,
                                    hold_decode=hold_decode, load_window=runner.load_window)
-        self.hold_decode = hold_decode
         self.stats = RunStats()
         self.prefill_done = False
         self.t_decode0: float | None = None
@@ -221,8 +220,8 @@ class _Lane:
             flights = self._drop_cancelled(ctx, requests, flights, free)
             if not flights:
                 continue
-            if self.hold_decode and not self.prefill_done and not any(f.prefill for f in flights):
-                runner._lane_prefilled(self)  # every lane's prompts are in before any decodes
+            if not self.prefill_done and not any(f.prefill for f in flights):
+                runner._lane_prefilled(self)  # with hold_decode: every lane's prompts are in first
             since = lib.bevy_cache_version(cache)  # loads completed so far
             self._refresh(flights)
             self._update_miss_rates()
@@ -234,8 +233,6 @@ class _Lane:
                 continue
             step += 1
             if self.t_decode0 is None and not any(f.prefill for f in flights):
-                if not self.hold_decode:
-                    runner._lane_prefilled(self)
                 self.t_decode0 = time.perf_counter()
             self._run_group(ctx, requests, flights, p.group, t0, stats)
             flights = self._retire(ctx, requests, flights, free)
