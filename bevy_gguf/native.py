@@ -164,9 +164,6 @@ def libbevy() -> ctypes.CDLL:
     # int64_t bevy_cache_pinned(const bevy_cache * cache);
     lib.bevy_cache_pinned.argtypes = [c_void_p]
     lib.bevy_cache_pinned.restype = c_int64
-    # void bevy_cache_reset_counters(bevy_cache * cache);
-    lib.bevy_cache_reset_counters.argtypes = [c_void_p]
-    lib.bevy_cache_reset_counters.restype = None
     # bevy_hook * bevy_hook_new(bevy_cache * cache);
     lib.bevy_hook_new.argtypes = [c_void_p]
     lib.bevy_hook_new.restype = c_void_p

@@ -140,7 +140,6 @@ BEVY_API int32_t      bevy_cache_set_source(bevy_cache * cache, int32_t il, int3
 BEVY_API void *       bevy_cache_slot_data(bevy_cache * cache, int32_t kind);
 // il = -1: totals
 BEVY_API int32_t      bevy_cache_counters(const bevy_cache * cache, int32_t il, bevy_counters * out);
-BEVY_API void         bevy_cache_reset_counters(bevy_cache * cache);
 // slots pinned right now (0 when no graph is running)
 BEVY_API int64_t      bevy_cache_pinned(const bevy_cache * cache);
 

@@ -26,13 +26,6 @@ public:
     // nanoseconds with at least one activity under way, the current stretch included
     uint64_t ns() const { return ns_ + (active_ > 0 ? elapsed() : 0); }
 
-    void reset() {
-        ns_ = 0;
-        if (active_ > 0) {
-            since_ = std::chrono::steady_clock::now();
-        }
-    }
-
 private:
     uint64_t elapsed() const {
         return (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -237,10 +237,6 @@ int64_t bevy_cache_pinned(const bevy_cache * cache) {
     return cache->cache->pinned();
 }
 
-void bevy_cache_reset_counters(bevy_cache * cache) {
-    cache->cache->reset_counters();
-}
-
 bevy_hook * bevy_hook_new(bevy_cache * cache) {
     if (!cache) {
         g_error = "bevy_hook_new needs a cache";

@@ -392,10 +392,4 @@ Counters ExpertCache::counters(int32_t il) const {
     return total;
 }
 
-void ExpertCache::reset_counters() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::fill(layer_counters_.begin(), layer_counters_.end(), Counters{});
-    queue_->reset_busy();
-}
-
 } // namespace bevy

@@ -117,7 +117,6 @@ public:
         return pinned_;
     }
     uint64_t link_busy_ns() const { return queue_->busy_ns(); }
-    void     reset_counters();
 
 private:
     void load(const LoadJob & job, int32_t worker);

@@ -56,9 +56,4 @@ uint64_t UploadQueue::busy_ns() const {
     return busy_.ns();
 }
 
-void UploadQueue::reset_busy() {
-    std::lock_guard<std::mutex> lock(busy_mutex_);
-    busy_.reset();
-}
-
 } // namespace bevy

@@ -34,7 +34,6 @@ public:
 
     // nanoseconds during which at least one job was running
     uint64_t busy_ns() const;
-    void     reset_busy();
 
 private:
     struct Entry {
