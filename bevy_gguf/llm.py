@@ -133,8 +133,10 @@ class Context:
     def decode_layers(self, rows: list[tuple[int, int, int, bool]], hidden: np.ndarray | None,
                       il_begin: int, il_end: int, lookahead: bool, reuse: bool) -> None:
         """Decode layers [il_begin, il_end) (+ the lookahead's attention and router) of rows
-        (token, pos, seq_id, wants_output); hidden [rows, n_embd] replaces the tokens when given
-        (patched libllama: llama_decode_layers)."""
+        (token, pos, seq_id, wants_output) (patched libllama: llama_decode_layers). A partial range
+        ends with the lookahead and outputs, per row, its layer's FFN input (the attention it ran,
+        plus the residual); a call with reuse takes that as hidden [rows, n_embd] in place of the
+        tokens and starts after layer il_begin's attention."""
         from bevy_gguf import native
 
         if self._decode_layers is None:

@@ -1,8 +1,9 @@
 """The self-balancing runner (`bevy`): requests grouped layer by layer, in lanes.
 
 Each request is a flight that decodes its current block (a prompt chunk or one token) one layer
-per call (llama_decode_layers). Every call ends with the router of the flight's next layer, so
-the scheduler knows which experts each flight needs before it needs them: it starts those loads
+per call (llama_decode_layers). Every call ends with the attention and router of the flight's
+next layer (the next call resumes after that attention), so the scheduler knows which experts
+each flight needs before it needs them: it starts those loads
 at once (lagging flights first), runs the group of flights whose experts are loaded (lagging
 first, see plan.py), and waits only when no flight is ready. Requests whose experts are resident
 run ahead; groups batch the ready requests per layer, so shared weights are read once per group.
