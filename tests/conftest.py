@@ -53,14 +53,14 @@ def run_json(*args: str) -> dict:
     return json.loads(run_cli(*args, "--json").stdout)
 
 
-def run_probe(*args: str) -> dict:
-    """Run tests/probe.py (a fixed decode schedule on one libllama) and return its JSON."""
+def run_probe(*args: str, script: str = "probe.py") -> dict:
+    """Run tests/SCRIPT (default probe.py: a fixed decode schedule on one libllama) and return its JSON."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "probe.py"), *map(str, args)],
+        [sys.executable, str(ROOT / "tests" / script), *map(str, args)],
         capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT,
     )
     if proc.returncode != 0:
-        pytest.fail(f"probe {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+        pytest.fail(f"{script} {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout)
 
 

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from conftest import ROOT, TIMEOUT_S
+from conftest import run_probe
 
 
 def test_layer_calls_match_llama_decode(runahead_model: Path) -> None:
     """A prompt one layer per call (each call resuming after the attention its predecessor's
     lookahead ran) and a token with merged layers give llama_decode's logits, bit for bit."""
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "layers_probe.py"), str(runahead_model)],
-                          capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    out = run_probe(str(runahead_model), script="layers_probe.py")
     assert out["logit_scale"] > 1.0  # real logits, not zeros
     assert out["prompt_max_diff"] == 0.0
     assert out["merged_max_diff"] == 0.0
