@@ -191,10 +191,10 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
             rows.append(row)
 
     # the bound of each cache point
-    compute_s = fastest_compute_s(resident, rows, cfg.requests * cfg.steps)
+    decode_tokens = cfg.requests * cfg.steps
+    compute_s = fastest_compute_s(resident, rows, decode_tokens)
     link_rate = _link_rate(cfg, rows)
     order = reference_order(cfg)
-    decode_tokens = cfg.requests * cfg.steps
     bound = []
     for cache, pct in cache_points:
         n_slots = min(parse_cache_size(cache, info.expert_bytes) // layout.slot_bytes, info.n_layer * info.n_expert)
