@@ -143,6 +143,9 @@ def libbevy() -> ctypes.CDLL:
     # int32_t bevy_link_emulated(const bevy_link * link);
     lib.bevy_link_emulated.argtypes = [c_void_p]
     lib.bevy_link_emulated.restype = c_int32
+    # uint64_t bevy_link_bounced(const bevy_link * link);
+    lib.bevy_link_bounced.argtypes = [c_void_p]
+    lib.bevy_link_bounced.restype = c_uint64
     # bevy_cache_params bevy_cache_default_params(void);
     lib.bevy_cache_default_params.argtypes = []
     lib.bevy_cache_default_params.restype = BevyCacheParams

@@ -58,6 +58,7 @@ def main() -> int:
                          for r in requests],
             "pinned_after": cache.lib.bevy_cache_pinned(cache.ptr),
             "micro_batch": micro_batch, "decode_tokens": stats.decode_tokens, "counters": cache.counters(),
+            "link": cache.link_name,
             "cancelled_at": cancelled_at,
         }))
     return 0

@@ -41,6 +41,15 @@ def test_metadata_and_tensors(arch: str, gguf_arch: str) -> None:
     assert ("blk.0.attn_q_norm.weight" in names) == (arch == "qwen3moe")
 
 
+def test_tensor_data_starts_on_pages() -> None:
+    """general.alignment 4096: expert ranges are page aligned, as O_DIRECT reads into slots need."""
+    path = ensure_model(tiny_spec(), progress=False)
+    reader = gguf.GGUFReader(path)
+    assert reader.alignment == 4096
+    assert all(t.data_offset % 4096 == 0 for t in reader.tensors)
+    assert all(t.offset % 4096 == 0 for t in inspect_model(path).expert_tensors)
+
+
 def test_stock_llama_cpp_runs_every_arch_and_dtype(tiny_model: Path) -> None:
     doc = run_json("run", tiny_model, "-p", "Hello", "--engine", "stock", "--parallel", "1", "-n", "4")
     assert len(doc["requests"][0]["tokens"]) == 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 import random
 import time
 from collections import OrderedDict
@@ -48,6 +49,33 @@ def test_links_read_exact_unaligned_ranges(blob: tuple[Path, bytes], kind: str) 
     buf = ctypes.create_string_buffer(10)
     assert lib.bevy_link_read(link, len(data) - 5, 10, buf) == -1 and native.last_error()
     lib.bevy_link_free(link)
+
+
+def describe(link: int) -> str:
+    buf = ctypes.create_string_buffer(128)
+    native.libbevy().bevy_link_describe(link, buf, 128)
+    return buf.value.decode()
+
+
+def test_file_link_reads_page_aligned_ranges_without_a_copy(blob: tuple[Path, bytes]) -> None:
+    """O_DIRECT reads go straight into dst when offset, size and dst are page aligned (no bounce
+    copy), and through the bounce buffer otherwise; the bytes are exact either way."""
+    lib = native.libbevy()
+    path, data = blob
+    link = lib.bevy_link_file_new(str(path).encode())
+    if describe(link) != "file (O_DIRECT)":
+        lib.bevy_link_free(link)
+        pytest.skip(f"{describe(link)}: this file system has no O_DIRECT, so no bounce buffer to avoid")
+    page = mmap.mmap(-1, 4 * 4096)  # page-aligned memory
+    base = ctypes.addressof(ctypes.c_char.from_buffer(page))
+    for offset, n, at, bounced in [(4096, 8192, 0, 0), (0, 4096, 4096, 0), (4096, 8192, 1, 1), (100, 4096, 0, 2),
+                                   (8192, 4000, 0, 3)]:
+        assert lib.bevy_link_read(link, offset, n, ctypes.c_void_p(base + at)) == 0, native.last_error()
+        assert page[at:at + n] == data[offset:offset + n]
+        assert lib.bevy_link_bounced(link) == bounced, (offset, n, at)
+    lib.bevy_link_free(link)
+    del base
+    page.close()
 
 
 def test_throttle_paces_and_says_emulated(blob: tuple[Path, bytes]) -> None:

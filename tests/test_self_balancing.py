@@ -54,6 +54,18 @@ def test_a_request_cancelled_mid_layer_leaves_cleanly(tmp_path: Path, step: int)
     assert got["pinned_after"] == 0
 
 
+@pytest.mark.parametrize("dtype,copies", [("f16", False), ("q8_0", True)])
+def test_experts_of_whole_pages_load_without_a_copy(tmp_path: Path, dtype: str, copies: bool) -> None:
+    """Generated models start tensor data on pages: f16 experts of 64x64 (8 KiB) go straight
+    from the file into their slots; q8_0 ones (4352 bytes) need the O_DIRECT bounce copy."""
+    model = ensure_model(tiny_spec("mixtral", dtype=dtype, layers=4, experts=16, top_k=2), progress=False)
+    got = probe(model, "bevy", "25%", 4, tmp_path, prompts=PROMPTS[:4], max_tokens=4)
+    if got["link"] != "file (O_DIRECT)":
+        pytest.skip(f"link {got['link']}: this file system has no O_DIRECT, so no bounce copy to avoid")
+    assert got["counters"]["loads"] > 0
+    assert (got["counters"]["link_bounced"] > 0) == copies
+
+
 def test_bevy_through_the_cli_and_json(runahead_model: Path) -> None:
     doc = run_json("run", runahead_model, "--workload", "text", "--requests", "8", "-n", "8",
                    "--scheduler", "bevy", "--expert-cache", "25%")

@@ -181,10 +181,12 @@ class ExpertCache:
 
     def counters(self, il: int = -1) -> dict[str, int]:
         """hits, misses, loads, bytes_loaded, evictions, stall_ns, link_busy_ns and the prefetch
-        counts (of layer il, or of all)."""
+        counts (of layer il, or of all), and link_bounced: the link's reads that needed a bounce
+        copy (unaligned O_DIRECT; whole link)."""
         c = native.BevyCounters()
         self.lib.bevy_cache_counters(self.ptr, il, ctypes.byref(c))
-        return {f: getattr(c, f) for f, _ in native.BevyCounters._fields_}
+        return {f: getattr(c, f) for f, _ in native.BevyCounters._fields_} | {
+            "link_bounced": self.lib.bevy_link_bounced(self.link_ptr)}
 
     def release_hooks(self) -> None:
         """Free the hooks (their contexts must be gone)."""

@@ -17,6 +17,9 @@ from bevy_gguf.models.tokenizer import build_vocab
 CONTEXT_LENGTH = 4096
 ROPE_FREQ_BASE = 10000.0
 RMS_EPS = 1e-6
+# tensor data starts on 4 KiB pages, so O_DIRECT reads an expert straight into its cache slot
+# (no bounce copy) whenever its size is whole pages, as for the default model
+DATA_ALIGNMENT = 4096
 
 # llama.cpp stores Mixtral as 'llama' with expert tensors
 GGUF_ARCH = {"qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "mixtral": "llama"}
@@ -109,6 +112,7 @@ def write_model(spec: ModelSpec, out: Path, progress: bool = True) -> None:
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         w = gguf.GGUFWriter(tmp, GGUF_ARCH[spec.arch])
+        w.add_custom_alignment(DATA_ALIGNMENT)
         _add_metadata(w, spec)
         encoded: list[tuple[str, np.ndarray, gguf.GGMLQuantizationType]] = []
         for name, tensor, keep_f32 in tqdm(_tensors(spec, recipe), desc=f"make-model {out.name}", unit="tensor",

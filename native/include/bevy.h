@@ -86,6 +86,9 @@ BEVY_API void        bevy_link_free(bevy_link * link);
 BEVY_API int32_t     bevy_link_describe(const bevy_link * link, char * buf, int32_t size);
 // 1 when the link is emulated (a throttle), else 0
 BEVY_API int32_t     bevy_link_emulated(const bevy_link * link);
+// reads so far that went through a bounce buffer: O_DIRECT ones whose offset, size or dst is
+// not 4 KiB aligned (each costs a copy; a model written with general.alignment 4096 has none)
+BEVY_API uint64_t    bevy_link_bounced(const bevy_link * link);
 // copies [offset, offset + nbytes) of the slow tier to dst; 0, or -1 (bevy_last_error says why)
 BEVY_API int32_t     bevy_link_read(bevy_link * link, uint64_t offset, uint64_t nbytes, void * dst);
 

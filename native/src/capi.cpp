@@ -154,6 +154,10 @@ int32_t bevy_link_emulated(const bevy_link * link) {
     return link->link->emulated() ? 1 : 0;
 }
 
+uint64_t bevy_link_bounced(const bevy_link * link) {
+    return link->link->bounced();
+}
+
 bevy_cache_params bevy_cache_default_params(void) {
     bevy_cache_params p = {};
     p.policy          = BEVY_POLICY_NEXT_USE;

@@ -1,6 +1,7 @@
 #include "links.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -73,7 +74,15 @@ public:
             }
             return check_len(got, nbytes, err);
         }
-        // O_DIRECT needs aligned offsets, sizes and buffers: read an aligned superset
+        uint64_t got = 0;
+        if (offset % kDirectAlign == 0 && nbytes % kDirectAlign == 0 && (uintptr_t) dst % kDirectAlign == 0) {
+            if (!pread_all(fd_, dst, nbytes, offset, &got, err)) {
+                return false;
+            }
+            return check_len(got, nbytes, err);
+        }
+        // O_DIRECT needs aligned offsets, sizes and buffers: read an aligned superset and copy
+        bounced_.fetch_add(1, std::memory_order_relaxed);
         thread_local AlignedBuffer bounce;
         const uint64_t first = offset / kDirectAlign * kDirectAlign;
         const uint64_t last  = (offset + nbytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
@@ -81,7 +90,6 @@ public:
             err = "out of memory for the O_DIRECT bounce buffer";
             return false;
         }
-        uint64_t got = 0;
         if (!pread_all(fd_, bounce.data, last - first, first, &got, err)) {
             return false;
         }
@@ -94,6 +102,8 @@ public:
 
     std::string describe() const override { return direct_ ? "file (O_DIRECT)" : "file (buffered: O_DIRECT refused)"; }
 
+    uint64_t bounced() const override { return bounced_.load(std::memory_order_relaxed); }
+
 private:
     static bool check_len(uint64_t got, uint64_t want, std::string & err) {
         if (got < want) {
@@ -103,8 +113,9 @@ private:
         return true;
     }
 
-    int  fd_;
-    bool direct_;
+    int                   fd_;
+    bool                  direct_;
+    std::atomic<uint64_t> bounced_{0};
 };
 
 class RamLink final : public Link {
@@ -162,6 +173,8 @@ public:
     }
 
     bool emulated() const override { return true; }
+
+    uint64_t bounced() const override { return inner_->bounced(); }
 
 private:
     std::unique_ptr<Link>                 inner_;

@@ -21,10 +21,15 @@ public:
     virtual std::string describe() const = 0;
 
     virtual bool emulated() const { return false; }
+
+    // reads that went through a bounce buffer (O_DIRECT with an unaligned offset, size or dst)
+    virtual uint64_t bounced() const { return 0; }
 };
 
-// O_DIRECT preads of the GGUF through an aligned bounce buffer per thread; falls back to
-// buffered reads (and says so in describe()) where the file system refuses O_DIRECT.
+// O_DIRECT preads of the GGUF: straight into dst when offset, size and dst are 4 KiB aligned
+// (a model written with general.alignment 4096 and expert sizes in whole pages), else through
+// an aligned bounce buffer per thread; falls back to buffered reads (and says so in
+// describe()) where the file system refuses O_DIRECT.
 std::unique_ptr<Link> make_file_link(const std::string & path, std::string & err);
 
 // Serves the given ranges of path from an in-memory copy read once at construction.
