@@ -118,6 +118,7 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]]) -> 
         "compute_busy_s": _median([r["compute_busy_s"] for r in ok]),
         "link_busy_s": _median([r["link_busy_s"] for r in ok]), "decode_s": _median([r["decode_s"] for r in ok]),
         "stall_s": _median([c["stall_ns"] / 1e9 for c in counters]) if counters else None,
+        "link_bounced": _median([c.get("link_bounced", 0) for c in counters]) if counters else None,
         "peak_rss_bytes": _median([r["peak_rss_bytes"] for r in ok]), "link": ok[0].get("link"),
         "micro_batch": ok[0].get("micro_batch"),
     }

@@ -18,6 +18,9 @@ def _fmt(value: Any, spec: str = ".1f", none: str = "-") -> str:
 def markdown(report: dict[str, Any], command: str) -> str:
     p = report["protocol"]
     link = next((r["link"] for r in report["runs"] if r.get("link")), p["link"])
+    if link.startswith("file (O_DIRECT)"):
+        bounced = any(r.get("link_bounced") for r in report["runs"])
+        link += ", experts through a bounce buffer (unaligned)" if bounced else ", experts read straight into slots"
     lines = [
         "# bevy-gguf bench",
         "",
