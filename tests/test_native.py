@@ -74,7 +74,6 @@ def test_file_link_reads_page_aligned_ranges_without_a_copy(blob: tuple[Path, by
         assert page[at:at + n] == data[offset:offset + n]
         assert lib.bevy_link_bounced(link) == bounced, (offset, n, at)
     lib.bevy_link_free(link)
-    del base
     page.close()
 
 
