@@ -67,15 +67,10 @@ public:
     ~FileLink() override { ::close(fd_); }
 
     bool read(uint64_t offset, uint64_t nbytes, void * dst, std::string & err) override {
-        if (!direct_) {
-            uint64_t got = 0;
-            if (!pread_all(fd_, dst, nbytes, offset, &got, err)) {
-                return false;
-            }
-            return check_len(got, nbytes, err);
-        }
         uint64_t got = 0;
-        if (offset % kDirectAlign == 0 && nbytes % kDirectAlign == 0 && (uintptr_t) dst % kDirectAlign == 0) {
+        // buffered, or O_DIRECT with offset, size and buffer all aligned: straight into dst
+        if (!direct_ ||
+            (offset % kDirectAlign == 0 && nbytes % kDirectAlign == 0 && (uintptr_t) dst % kDirectAlign == 0)) {
             if (!pread_all(fd_, dst, nbytes, offset, &got, err)) {
                 return false;
             }
