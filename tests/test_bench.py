@@ -12,7 +12,8 @@ import pytest
 from conftest import run_cli, tiny_spec
 
 from bevy_gguf.bench.memcap import MemoryCap
-from bevy_gguf.bench.report import markdown, ratio_table
+from bevy_gguf.bench.report import markdown
+from bevy_gguf.bench.targets import measured_ratios, verdict
 from bevy_gguf.models import ensure_model
 
 SYSTEMS = ["stock-resident", "stock-offload", "blocking", "prefetch", "bevy-ctx", "bevy"]
@@ -52,7 +53,10 @@ def test_bound_and_protocol(bench: tuple[dict, Path]) -> None:
     assert b25["tok_per_s"] <= b100["tok_per_s"]
     p = doc["protocol"]
     assert p["requests"] == 8 and p["steps"] == 6 and p["repeats"] == 2 and p["workload"] == "text"
-    assert {r["ratio"] for r in doc["ratios"]} >= {"bevy / blocking", "bevy / prefetch", "bevy / bevy-ctx"}
+    assert {r["ratio"] for r in doc["ratios"]} >= {"bevy / blocking", "bevy / prefetch", "bevy / bevy-ctx",
+                                                   "bevy / bound"}
+    for r in doc["ratios"]:
+        assert r["low"] <= r["value"] <= r["high"] and r["target"] > 0 and r["met"] == (r["value"] >= r["target"])
 
 
 def test_outputs_written(bench: tuple[dict, Path]) -> None:
@@ -85,10 +89,13 @@ def test_emulated_link_is_named(tmp_path: Path) -> None:
     assert "Link: emulated 20 MB/s over file" in proc.stdout
 
 
-def test_ratio_table_and_markdown_handle_missing_rows() -> None:
-    report = {"protocol": {"model": "m.gguf", "model_bytes": 1, "expert_bytes": 1, "slot_bytes": 1, "machine": "x",
-                           "workload": "text", "requests": 1, "prompt_tokens": 1, "steps": 1, "parallel": 1,
-                           "threads": 1, "link": "file", "repeats": 1},
+_PROTOCOL = {"model": "m.gguf", "model_bytes": 1, "expert_bytes": 1, "slot_bytes": 1, "machine": "x",
+             "workload": "text", "requests": 1, "prompt_tokens": 1, "steps": 1, "parallel": 1, "threads": 1,
+             "link": "file", "repeats": 1}
+
+
+def test_ratios_and_markdown_handle_missing_rows() -> None:
+    report = {"protocol": _PROTOCOL,
               "runs": [{"system": "bevy", "cache": 25.0, "tok_per_s": 10.0, "pct_of_bound": None,
                         "tpot_p50_ms": None, "tpot_p99_ms": None, "ttft_ms": None, "hit_rate": None,
                         "bytes_loaded": None, "overlap_efficiency": None, "status": "ok"},
@@ -96,7 +103,7 @@ def test_ratio_table_and_markdown_handle_missing_rows() -> None:
                         "tpot_p50_ms": None, "tpot_p99_ms": None, "ttft_ms": None, "hit_rate": None,
                         "bytes_loaded": None, "overlap_efficiency": None, "status": "unavailable: no cgroup"}],
               "bound": []}
-    assert ratio_table(report) == []
+    assert measured_ratios(report) == []
     assert "unavailable: no cgroup" in markdown(report, "bevy-gguf bench m.gguf")
 
 
@@ -115,3 +122,39 @@ def test_the_bound_computes_at_the_fastest_all_resident_speed_measured() -> None
     assert fastest_compute_s(resident, rows, 512) == 1.0  # a system at 100% beat stock-resident
     assert fastest_compute_s(resident, rows[1:], 512) == 2.1  # only a 100% cache counts as resident
     assert fastest_compute_s([], [], 512) is None
+
+
+def _row(system: str, cache: float, repeats: list[float]) -> dict:
+    fields = ("pct_of_bound", "tpot_p50_ms", "tpot_p99_ms", "ttft_ms", "hit_rate", "bytes_loaded", "overlap_efficiency")
+    return dict.fromkeys(fields) | {"system": system, "cache": cache, "status": "ok", "repeats": repeats,
+                                    "tok_per_s": sorted(repeats)[len(repeats) // 2]}
+
+
+def test_every_ratio_gets_its_design_target_and_the_spread_of_its_repeats() -> None:
+    nine = 89.99999995  # how a 90% sweep point comes out of the byte arithmetic
+    report = {"protocol": {"repeats": 3},
+              "runs": [_row("bevy", nine, [290.0, 310.0, 300.0]), _row("blocking", nine, [200.0, 200.0, 210.0]),
+                       _row("prefetch", nine, [250.0, 250.0, 250.0]), _row("bevy-ctx", nine, [100.0, 100.0]),
+                       _row("bevy", 100.0, [380.0, 400.0, 390.0]), _row("stock-resident", 100.0, [400.0] * 3)],
+              "bound": [{"cache": nine, "tok_per_s": 400.0}, {"cache": 100.0, "tok_per_s": None}]}
+    for b in report["bound"]:
+        b |= {"belady_misses": 0, "compute_s": None, "link_s": None}
+    got = {(r.name, round(r.cache)): r for r in measured_ratios(report)}
+    assert set(got) == {("bevy / blocking", 90), ("bevy / prefetch", 90), ("bevy / bevy-ctx", 90),
+                        ("bevy / bound", 90), ("bevy / stock-resident", 100)}
+    blocking = got[("bevy / blocking", 90)]
+    assert (blocking.value, blocking.target) == (1.5, 1.5)  # 300 / 200, the 90% target
+    assert (round(blocking.low, 3), blocking.high) == (1.429, 1.55)  # 300/210 and 310/200, paired by repeat
+    assert verdict(blocking) == "met (repeats on both sides)"
+    prefetch = got[("bevy / prefetch", 90)]
+    assert prefetch.target == 1.3 and verdict(prefetch) == "missed" and prefetch.high == 1.24
+    ctx = got[("bevy / bevy-ctx", 90)]
+    assert ctx.target == 1.0 and ctx.low is None and verdict(ctx) == "met"  # bevy-ctx lost a run: no pairs
+    bound = got[("bevy / bound", 90)]
+    assert (bound.value, bound.target, bound.low, bound.high) == (0.75, 0.85, 0.725, 0.775)
+    assert verdict(bound) == "missed"
+    resident = got[("bevy / stock-resident", 100)]
+    assert resident.target == 0.95 and resident.met and resident.low == 0.95
+    md = markdown(report | {"protocol": {**_PROTOCOL, "repeats": 3}}, "bevy-gguf bench m.gguf")
+    assert "| bevy / blocking | 90% | 1.50 | 1.43–1.55 | ≥ 1.5 | met (repeats on both sides) |" in md
+    assert "| bevy / prefetch | 90% | 1.20 | 1.16–1.24 | ≥ 1.3 | missed |" in md

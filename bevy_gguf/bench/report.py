@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bevy_gguf import native
+from bevy_gguf.bench.targets import measured_ratios, verdict
 
 TARGETS = "DESIGN.md §6"
 
@@ -55,30 +56,19 @@ def markdown(report: dict[str, Any], command: str) -> str:
     for b in report["bound"]:
         lines.append(f"| {b['cache']:.0f}% | {_fmt(b['tok_per_s'])} | {b['belady_misses']} | "
                      f"{_fmt(b['compute_s'], '.2f')} | {_fmt(b['link_s'], '.2f')} |")
-    ratios = ratio_table(report)
+    ratios = measured_ratios(report)
     if ratios:
-        lines += ["", f"Ratios measured in this run (targets: {TARGETS}):", "", "| ratio | cache | value |",
-                  "|---|---|---|"]
-        lines += [f"| {name} | {cache:.0f}% | {value:.2f} |" for name, cache, value in ratios]
+        lines += ["", f"Ratios measured in this run, against their targets ({TARGETS}); per repeat: the lowest and "
+                  "highest ratio of the two systems' runs in the same repeat:", "",
+                  "| ratio | cache | value | per repeat | target | verdict |", "|---|---|---|---|---|---|"]
+        for r in ratios:
+            spread = f"{r.low:.2f}–{r.high:.2f}" if r.low is not None else "-"
+            target = f"≥ {r.target:g}" if r.target is not None else "-"
+            lines.append(f"| {r.name} | {r.cache:.0f}% | {r.value:.2f} | {spread} | {target} | {verdict(r)} |")
     lines += ["", "Definitions: tok/s = decode tokens / decode wall time (prefill excluded, TTFT apart); compute busy ="
               " time at least one graph computes; link busy = time at least one transfer is in flight; overlap "
               "efficiency = max(compute busy, link busy) / decode wall time.", ""]
     return "\n".join(lines)
-
-
-def ratio_table(report: dict[str, Any]) -> list[tuple[str, float, float]]:
-    """bevy against every other system at each cache point, and bevy at 100% vs stock-resident."""
-    by = {(r["system"], r["cache"]): r["tok_per_s"] for r in report["runs"] if r["tok_per_s"]}
-    out = []
-    for (system, cache), tps in sorted(by.items(), key=lambda x: (x[0][1], x[0][0])):
-        if system != "bevy":
-            continue
-        for other in ("blocking", "prefetch", "bevy-ctx", "stock-offload"):
-            if (other, cache) in by:
-                out.append((f"bevy / {other}", cache, tps / by[(other, cache)]))
-        if ("stock-resident", 100.0) in by and cache == 100.0:
-            out.append(("bevy / stock-resident", cache, tps / by[("stock-resident", 100.0)]))
-    return out
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -153,4 +143,4 @@ def write_outputs(report: dict[str, Any], out: Path, command: str) -> list[Path]
 def public_json(report: dict[str, Any]) -> dict[str, Any]:
     """The §3 bench document (timelines go to timeline.json)."""
     return {"protocol": report["protocol"], "runs": report["runs"], "bound": report["bound"],
-            "ratios": [{"ratio": n, "cache": c, "value": v} for n, c, v in ratio_table(report)]}
+            "ratios": [r.as_json() for r in measured_ratios(report)]}

@@ -1,0 +1,95 @@
+"""The ratios a bench run measured, each against its DESIGN.md §6 target.
+
+Every ratio is median over median (the systems ran interleaved, repeat by repeat); the
+per-repeat range pairs the two systems' runs of the same repeat, so a verdict whose range
+straddles its target is visibly within this machine's run-to-run noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+NEVER_SLOWER = ("blocking", "prefetch", "bevy-ctx", "stock-offload")  # bevy / these >= 1 everywhere
+TARGETS = {  # (ratio, cache %) -> target, over the never-slower floor
+    ("bevy / blocking", 90.0): 1.5,
+    ("bevy / prefetch", 90.0): 1.3,
+    ("bevy / stock-offload", 25.0): 3.5,
+    ("bevy / stock-offload", 90.0): 5.0,
+    ("bevy / stock-resident", 100.0): 0.95,
+}
+BOUND_TARGET = 0.85  # bevy / bound at every cache point
+
+
+@dataclass(frozen=True, slots=True)
+class Ratio:
+    name: str
+    cache: float                # percent
+    value: float                # median over median
+    low: float | None = None    # per-repeat range (None: the repeats do not pair up)
+    high: float | None = None
+    target: float | None = None
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.target is None else self.value >= self.target
+
+    @property
+    def within_noise(self) -> bool:
+        """The repeats fall on both sides of the target."""
+        return self.target is not None and self.low is not None and self.low < self.target <= self.high
+
+    def as_json(self) -> dict[str, Any]:
+        return {"ratio": self.name, "cache": self.cache, "value": self.value, "low": self.low, "high": self.high,
+                "target": self.target, "met": self.met}
+
+
+def target_of(name: str, cache: float) -> float | None:
+    """The §6 target of a ratio at a cache point (percent; 89.99999 is the 90% point)."""
+    key = (name, float(round(cache)))
+    if key in TARGETS:
+        return TARGETS[key]
+    if name == "bevy / bound":
+        return BOUND_TARGET
+    return 1.0 if name.removeprefix("bevy / ") in NEVER_SLOWER else None
+
+
+def _paired(a: list[float | None], b: list[float | None], repeats: int) -> tuple[float | None, float | None]:
+    """min and max of a[i] / b[i] over the repeats, when both ran every repeat."""
+    if len(a) != repeats or len(b) != repeats or not all(a) or not all(b):
+        return None, None
+    ratios = [x / y for x, y in zip(a, b)]
+    return min(ratios), max(ratios)
+
+
+def measured_ratios(report: dict[str, Any]) -> list[Ratio]:
+    """bevy against every other system at each cache point, bevy at 100% against stock-resident,
+    and bevy against the bound; cache points in order."""
+    repeats = report.get("protocol", {}).get("repeats", 0)
+    rows = {(r["system"], r["cache"]): r for r in report["runs"] if r.get("tok_per_s")}
+    bounds = {b["cache"]: b["tok_per_s"] for b in report.get("bound", []) if b.get("tok_per_s")}
+    out: list[Ratio] = []
+    for cache in sorted({c for s, c in rows if s == "bevy"}):
+        bevy = rows[("bevy", cache)]
+        others = [(o, cache) for o in NEVER_SLOWER]
+        if cache == 100.0:
+            others.append(("stock-resident", 100.0))
+        for key in others:
+            if key not in rows:
+                continue
+            name = f"bevy / {key[0]}"
+            low, high = _paired(bevy.get("repeats", []), rows[key].get("repeats", []), repeats)
+            out.append(Ratio(name, cache, bevy["tok_per_s"] / rows[key]["tok_per_s"], low, high,
+                             target_of(name, cache)))
+        if cache in bounds:
+            runs = bevy.get("repeats", [])
+            low, high = _paired(runs, [bounds[cache]] * len(runs), repeats)
+            out.append(Ratio("bevy / bound", cache, bevy["tok_per_s"] / bounds[cache], low, high, BOUND_TARGET))
+    return out
+
+
+def verdict(r: Ratio) -> str:
+    if r.met is None:
+        return ""
+    text = "met" if r.met else "missed"
+    return text + " (repeats on both sides)" if r.within_noise else text
