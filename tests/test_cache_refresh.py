@@ -77,3 +77,22 @@ def test_a_bad_expert_id_changes_nothing(cache3: ExpertCache) -> None:
     assert "out of range" in native.last_error()
     assert refresh(cache3, [(5, [0], True, True)]) is None
     assert cache3.counters() == before
+
+
+def test_a_queued_load_evicts_nothing_until_the_link_takes_it(qwen3_tiny: Path) -> None:
+    """A scheduler's loads wait in the link's queue without a slot: each evicts when a worker
+    starts it (not when asked for), and the slot it gets is held for the flight that asked."""
+    info = inspect_model(qwen3_tiny)
+    slot = CacheLayout.of(info).slot_bytes
+    link = LinkSpec.parse(f"throttle:{10 * slot}B/s:ram")  # emulated: 0.1 s per expert
+    with ExpertCache(info, 4 * slot, link, n_workers=1) as cache:
+        assert settle(cache, [(0, [0, 1, 2, 3], True, False)], [0]) == [0]  # the 4 slots hold layer 0
+        assert refresh(cache, [(1, [0, 1, 2, 3], True, False)]) == [4]  # layer 0 no longer reserved
+        evicted_at_once = cache.counters(1)["evictions"]
+        assert evicted_at_once <= 1  # only the job the one worker took; asked-for slots used to go at once
+        assert settle(cache, [(1, [0, 1, 2, 3], True, False)], [0]) == [0]
+        c1 = cache.counters(1)
+        assert (c1["loads"], c1["evictions"]) == (4, 4)
+        assert cache.lib.bevy_cache_pinned(cache.ptr) == 4  # reserved for the flight
+        cache.lib.bevy_cache_unreserve_all(cache.ptr, 0)
+        assert cache.lib.bevy_cache_pinned(cache.ptr) == 0

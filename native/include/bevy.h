@@ -187,9 +187,12 @@ BEVY_API void    bevy_hook_end(bevy_hook * hook);
 // flights, under one lock: their layers become the owner's upcoming ones (next-use eviction
 // keeps what every owner's flights need), the owner's earlier reservations are dropped, the
 // resident experts of the admitted flights (admit[i] != 0) are reserved, then their absent
-// ones are loaded, in flight order, at priority[i]. Flight i needs experts[offsets[i] ..
-// offsets[i + 1]) (distinct) at layers[i]; with count[i] its lookups are counted. absent[i]:
-// how many it still lacks. 0, or -1 (nothing changed) on a bad owner, layer or expert
+// ones are queued for loading, in flight order, at priority[i]. A queued load takes (evicts)
+// its slot only when a link worker starts it, and the slot joins the owner's reservations
+// until its next refresh (unless it called bevy_cache_unreserve_all since this one). Flight i
+// needs experts[offsets[i] .. offsets[i + 1]) (distinct) at layers[i]; with count[i] its
+// lookups are counted. absent[i]: how many it still lacks (queued ones included). 0, or -1
+// (nothing changed) on a bad owner, layer or expert
 BEVY_API int32_t  bevy_cache_refresh(bevy_cache * cache, int32_t owner, int32_t n, const int32_t * layers, const int64_t * offsets,
                                      const int32_t * experts, const uint8_t * admit, const uint64_t * priority,
                                      const uint8_t * count, int32_t * absent);
@@ -199,7 +202,8 @@ BEVY_API void     bevy_cache_lookups(const bevy_cache * cache, uint64_t * hits, 
 BEVY_API uint64_t bevy_cache_version(const bevy_cache * cache);
 // wait until the version differs from since (0) or timeout_ms passed (1); counted as stall at il
 BEVY_API int32_t  bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, int32_t il);
-// drop every reservation the owner's bevy_cache_refresh made
+// drop every reservation the owner's bevy_cache_refresh made (its queued loads then take their
+// slots unreserved)
 BEVY_API void     bevy_cache_unreserve_all(bevy_cache * cache, int32_t owner);
 // count hits and misses in the hook (default), or not, or only from layer from_layer on (the
 // scheduler counted the layers before at bevy_cache_refresh)

@@ -14,11 +14,15 @@ constexpr uint64_t kSlotAlign = 4096;
 ExpertCache::ExpertCache(const CacheConfig & cfg, Link * link, std::string & err)
     : cfg_(cfg), link_(link), sources_((size_t) cfg.n_layer * std::max(cfg.n_kinds, 1), 0),
       dir_(cfg.n_layer, cfg.n_expert, cfg.n_slots, cfg.policy, cfg.seed),
-      layer_counters_(cfg.n_layer), used_(cfg.n_expert, 0), load_errors_(cfg.n_slots) {
+      layer_counters_(cfg.n_layer), used_(cfg.n_expert, 0), load_errors_(cfg.n_slots),
+      requested_((size_t) std::max(cfg.n_layer, 0) * std::max(cfg.n_expert, 0), 0) {
     if (cfg.n_layer <= 0 || cfg.n_expert <= 0 || cfg.n_kinds <= 0 || cfg.n_kinds > kMaxKinds || cfg.n_slots <= 0
             || cfg.n_workers <= 0) {
         err = "bad cache parameters (layers, experts, kinds, slots and workers must be positive)";
         return;
+    }
+    for (int32_t k = 0; k < cfg.n_kinds; ++k) {
+        slot_bytes_ += cfg.kind_bytes[k];
     }
     for (int32_t k = 0; k < cfg.n_kinds; ++k) {
         const uint64_t bytes = (uint64_t) cfg.n_slots * cfg.kind_bytes[k];
@@ -44,7 +48,11 @@ ExpertCache::~ExpertCache() {
     }
 }
 
-void ExpertCache::load(const LoadJob & job, int32_t worker) {
+void ExpertCache::load(const LoadJob & queued, int32_t worker) {
+    LoadJob job = queued;
+    if (job.slot < 0 && !assign_deferred(job)) {
+        return;
+    }
     std::string err;
     bool ok = true;
     const int64_t t0 = now_ns();
@@ -131,10 +139,6 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
     }
     const std::vector<int32_t> single = { il };
     const std::vector<int32_t> & now = positions_.empty() ? single : positions_;
-    uint64_t slot_bytes = 0;
-    for (int32_t k = 0; k < cfg_.n_kinds; ++k) {
-        slot_bytes += cfg_.kind_bytes[k];
-    }
     std::fill(used_.begin(), used_.end(), 0);
     // first pin what is resident, so that loading the rest cannot evict it
     for (int32_t i = 0; i < n; ++i) {
@@ -161,7 +165,7 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
         int64_t s;
         bool evicted = false;
         while ((s = dir_.assign(il, e, now, &evicted, upcoming_)) < 0) {
-            if (pinned_ <= (int64_t) pins.size()) {
+            if (pinned_ <= (int64_t) pins.size() && !dir_.any_loading()) { // nothing will free a slot
                 err = "the expert cache has " + std::to_string(cfg_.n_slots) + " slots but layer " +
                       std::to_string(il) + " needs more than that at once: raise --expert-cache";
                 return -1;
@@ -172,7 +176,7 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
         }
         lc.misses += req.count;
         lc.loads++;
-        lc.bytes_loaded += slot_bytes;
+        lc.bytes_loaded += slot_bytes_;
         lc.evictions += evicted ? 1 : 0;
         queue_->push({s, il, e, req.priority});
         dir_.pin(s);
@@ -199,7 +203,7 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
         Counters & nc = layer_counters_[il_next];
         nc.loads++;
         nc.prefetch_loads++;
-        nc.bytes_loaded += slot_bytes;
+        nc.bytes_loaded += slot_bytes_;
         nc.evictions += evicted ? 1 : 0;
         queue_->push({s, il_next, e, (1ull << 62) | req.priority});
     }
@@ -240,16 +244,11 @@ void ExpertCache::release(std::vector<int64_t> & pins) {
 }
 
 int32_t ExpertCache::query_locked(int32_t il, const int32_t * experts, int32_t n, uint64_t priority, bool load,
-                                  bool count) {
+                                  bool count, int32_t owner) {
     if (il < 0 || il >= cfg_.n_layer) {
         return -1;
     }
-    uint64_t slot_bytes = 0;
-    for (int32_t k = 0; k < cfg_.n_kinds; ++k) {
-        slot_bytes += cfg_.kind_bytes[k];
-    }
     Counters & lc = layer_counters_[il];
-    const std::vector<int32_t> none;
     int32_t absent = 0;
     for (int32_t i = 0; i < n; ++i) {
         const int32_t e = experts[i];
@@ -262,17 +261,47 @@ int32_t ExpertCache::query_locked(int32_t il, const int32_t * experts, int32_t n
             absent += dir_.state(s) != SlotState::Ready;
             continue;
         }
-        lc.misses += count;
         absent++;
-        bool evicted = false;
-        if (load && (s = dir_.assign(il, e, none, &evicted, upcoming_)) >= 0) {
-            lc.loads++;
-            lc.bytes_loaded += slot_bytes;
-            lc.evictions += evicted ? 1 : 0;
-            queue_->push({s, il, e, priority});
+        const size_t k = (size_t) il * cfg_.n_expert + e;
+        if (requested_[k]) { // queued already: in flight
+            lc.hits += count;
+            continue;
+        }
+        lc.misses += count;
+        if (load) {
+            requested_[k] = 1; // a slot is chosen when a link worker takes the job (assign_deferred)
+            queue_->push({-1, il, e, priority, owner});
         }
     }
     return absent;
+}
+
+bool ExpertCache::assign_deferred(LoadJob & job) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    requested_[(size_t) job.layer * cfg_.n_expert + job.expert] = 0;
+    if (dir_.find(job.layer, job.expert) >= 0) {
+        return false; // a hook needed it first and loaded it
+    }
+    bool evicted = false;
+    const int64_t s = dir_.assign(job.layer, job.expert, positions_, &evicted, upcoming_);
+    if (s < 0) {
+        // every slot is pinned or loading: wake the scheduler, which asks again at its next refresh
+        version_++;
+        lock.unlock();
+        changed_.notify_all();
+        return false;
+    }
+    Counters & lc = layer_counters_[job.layer];
+    lc.loads++;
+    lc.bytes_loaded += slot_bytes_;
+    lc.evictions += evicted ? 1 : 0;
+    if (job.owner >= 0 && (size_t) job.owner < reserved_.size() && holding_[job.owner]) {
+        dir_.pin(s); // until the owner's next refresh, which keeps it only if a flight still wants it
+        pinned_++;
+        reserved_[job.owner].push_back(s);
+    }
+    job.slot = s;
+    return true;
 }
 
 int32_t ExpertCache::refresh(int32_t owner, int32_t n, const int32_t * layers, const int64_t * offsets, const int32_t * experts,
@@ -295,8 +324,10 @@ int32_t ExpertCache::refresh(int32_t owner, int32_t n, const int32_t * layers, c
         std::lock_guard<std::mutex> lock(mutex_);
         if ((size_t) owner >= reserved_.size()) {
             reserved_.resize(owner + 1);
+            holding_.resize(owner + 1);
             upcoming_by_.resize(owner + 1);
         }
+        holding_[owner] = 1;
         upcoming_by_[owner].assign(layers, layers + n);
         upcoming_.clear();
         for (const auto & u : upcoming_by_) {
@@ -322,7 +353,7 @@ int32_t ExpertCache::refresh(int32_t owner, int32_t n, const int32_t * layers, c
         for (int32_t i = 0; i < n; ++i) {
             if (admit[i]) {
                 query_locked(layers[i], experts + offsets[i], (int32_t) (offsets[i + 1] - offsets[i]), priority[i],
-                             true, count[i] != 0);
+                             true, count[i] != 0, owner);
             }
         }
         for (int32_t i = 0; i < n; ++i) { // after every load started: who still lacks experts
@@ -367,6 +398,7 @@ void ExpertCache::unreserve_all(int32_t owner) {
             return;
         }
         pins.swap(reserved_[owner]);
+        holding_[owner] = 0; // its loads chosen from now on are not held for it (it computes without reservations)
     }
     release(pins);
 }

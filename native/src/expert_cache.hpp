@@ -96,8 +96,9 @@ public:
     // One scheduling pass of an owner (a scheduler sharing the cache, numbered from 0), under
     // one lock (see bevy_cache_refresh): its upcoming layers are the flights', its old
     // reservations go, the admitted flights' resident experts are reserved and their absent
-    // ones loaded (in order, at their priorities), and absent[i] says how many experts flight i
-    // still lacks. -1 on a bad owner, layer or expert id.
+    // ones queued (in order, at their priorities; each takes its slot when the link starts it,
+    // see assign_deferred), and absent[i] says how many experts flight i still lacks. -1 on a
+    // bad owner, layer or expert id.
     int32_t refresh(int32_t owner, int32_t n, const int32_t * layers, const int64_t * offsets, const int32_t * experts,
                     const uint8_t * admit, const uint64_t * priority, const uint8_t * count, int32_t * absent);
 
@@ -120,9 +121,16 @@ public:
 
 private:
     void load(const LoadJob & job, int32_t worker);
+    // A scheduler's load (queued without a slot, so that it evicts nothing while it waits its
+    // turn): choose its slot now, reserved for the scheduler until its next refresh. false:
+    // nothing to load (a hook loaded it meanwhile, or every slot is pinned or loading; the
+    // scheduler asks again at its next refresh).
+    bool assign_deferred(LoadJob & job);
     // With the mutex held: how many of the n distinct experts of layer il are not loaded yet;
-    // with load, start loading the absent ones (at priority); with count, count the lookups.
-    int32_t query_locked(int32_t il, const int32_t * experts, int32_t n, uint64_t priority, bool load, bool count);
+    // with load, queue loads of the absent ones (at priority; their slots are chosen when a link
+    // worker takes them, and join owner's reservations); with count, count the lookups.
+    int32_t query_locked(int32_t il, const int32_t * experts, int32_t n, uint64_t priority, bool load, bool count,
+                         int32_t owner = -1);
 
     CacheConfig             cfg_;
     Link *                  link_;
@@ -137,10 +145,13 @@ private:
     std::vector<Counters>   layer_counters_;
     std::vector<uint8_t>    used_;       // scratch: experts used at this visit
     std::vector<std::string> load_errors_; // per slot: why its load failed
+    std::vector<uint8_t>    requested_;  // per (layer, expert): a slotless load of it is queued
+    uint64_t                slot_bytes_ = 0; // one expert, all kinds
     std::vector<int32_t>    positions_;  // per registered context: the layer it computes (-1: idle)
     std::vector<std::vector<int32_t>> upcoming_by_; // per owner: layers its flights compute next
     std::vector<int32_t>    upcoming_;   // every owner's together
     std::vector<std::vector<int64_t>> reserved_; // per owner: slots it pinned
+    std::vector<uint8_t>    holding_;    // per owner: reservations in force (refreshed since its last unreserve_all)
     uint64_t                version_ = 0;
     std::vector<std::vector<float>> routers_; // per layer: router weights, for prefetch
     int32_t                 router_n_embd_ = 0;

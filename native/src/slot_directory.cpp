@@ -81,6 +81,10 @@ int64_t SlotDirectory::assign(int32_t il, int32_t e, const std::vector<int32_t> 
     return best;
 }
 
+bool SlotDirectory::any_loading() const {
+    return std::any_of(slots_.begin(), slots_.end(), [](const Slot & s) { return s.state == SlotState::Loading; });
+}
+
 void SlotDirectory::clear(int64_t slot) {
     Slot & s = slots_[slot];
     if (s.key >= 0) {

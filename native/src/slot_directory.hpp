@@ -37,6 +37,8 @@ public:
                    const std::vector<int32_t> & upcoming = {});
 
     void set_state(int64_t slot, SlotState s) { slots_[slot].state = s; }
+    // is some slot loading (it becomes evictable when its load completes)?
+    bool any_loading() const;
     SlotState state(int64_t slot) const { return slots_[slot].state; }
 
     // forget the expert of a slot (a failed load)

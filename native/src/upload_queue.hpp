@@ -14,10 +14,11 @@
 namespace bevy {
 
 struct LoadJob {
-    int64_t slot;
+    int64_t slot;      // -1: chosen when a worker takes the job (a scheduler's load)
     int32_t layer;
     int32_t expert;
     uint64_t priority; // smaller = more urgent: demand loads by (token, layer), prefetch after all
+    int32_t owner = -1; // the scheduler whose reservations hold the slot once chosen
 };
 
 class UploadQueue {
