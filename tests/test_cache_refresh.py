@@ -84,7 +84,7 @@ def test_a_queued_load_evicts_nothing_until_the_link_takes_it(qwen3_tiny: Path) 
     starts it (not when asked for), and the slot it gets is held for the flight that asked."""
     info = inspect_model(qwen3_tiny)
     slot = CacheLayout.of(info).slot_bytes
-    link = LinkSpec.parse(f"throttle:{10 * slot}B/s:ram")  # emulated: 0.1 s per expert
+    link = LinkSpec.parse(f"throttle:{4 * slot}B/s:ram")  # emulated: 0.25 s per expert
     with ExpertCache(info, 4 * slot, link, n_workers=1) as cache:
         assert settle(cache, [(0, [0, 1, 2, 3], True, False)], [0]) == [0]  # the 4 slots hold layer 0
         assert refresh(cache, [(1, [0, 1, 2, 3], True, False)]) == [4]  # layer 0 no longer reserved
