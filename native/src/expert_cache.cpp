@@ -23,8 +23,6 @@ ExpertCache::ExpertCache(const CacheConfig & cfg, Link * link, std::string & err
     }
     for (int32_t k = 0; k < cfg.n_kinds; ++k) {
         slot_bytes_ += cfg.kind_bytes[k];
-    }
-    for (int32_t k = 0; k < cfg.n_kinds; ++k) {
         const uint64_t bytes = (uint64_t) cfg.n_slots * cfg.kind_bytes[k];
         void * mem = bytes ? std::aligned_alloc(kSlotAlign, (bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign) : nullptr;
         if (!mem) {
