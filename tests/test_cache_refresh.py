@@ -96,3 +96,22 @@ def test_a_queued_load_evicts_nothing_until_the_link_takes_it(qwen3_tiny: Path) 
         assert cache.lib.bevy_cache_pinned(cache.ptr) == 4  # reserved for the flight
         cache.lib.bevy_cache_unreserve_all(cache.ptr, 0)
         assert cache.lib.bevy_cache_pinned(cache.ptr) == 0
+
+
+def test_a_queued_load_no_flight_wants_any_more_is_not_held(qwen3_tiny: Path) -> None:
+    """A slot chosen for a queued load joins its owner's reservations only if the owner's last
+    refresh still wants that expert: an owner holds no more than its admitted flights need
+    (the lanes' no-deadlock rule counts on it)."""
+    info = inspect_model(qwen3_tiny)
+    slot = CacheLayout.of(info).slot_bytes
+    link = LinkSpec.parse(f"throttle:{4 * slot}B/s:ram")  # emulated: 0.25 s per expert
+    with ExpertCache(info, 6 * slot, link, n_workers=1) as cache:
+        assert refresh(cache, [(1, [0, 1, 2, 3], True, False)]) == [4]  # 4 loads queued
+        assert refresh(cache, [(1, [0, 1, 2, 3], False, False)]) == [4]  # no longer admitted
+        deadline = time.monotonic() + 10
+        while cache.counters(1)["loads"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # the last one lands
+        assert cache.counters(1)["loads"] == 4
+        assert cache.lib.bevy_cache_pinned(cache.ptr) == 0  # the old rule held those taken after the refresh
+        assert refresh(cache, [(1, [0, 1, 2, 3], True, False)]) == [0]  # loaded all the same

@@ -293,7 +293,9 @@ bool ExpertCache::assign_deferred(LoadJob & job) {
     lc.loads++;
     lc.bytes_loaded += slot_bytes_;
     lc.evictions += evicted ? 1 : 0;
-    if (job.owner >= 0 && (size_t) job.owner < reserved_.size() && holding_[job.owner]) {
+    const int32_t key = job.layer * cfg_.n_expert + job.expert;
+    if (job.owner >= 0 && (size_t) job.owner < reserved_.size() && holding_[job.owner] &&
+            std::binary_search(wanted_[job.owner].begin(), wanted_[job.owner].end(), key)) {
         dir_.pin(s); // until the owner's next refresh, which keeps it only if a flight still wants it
         pinned_++;
         reserved_[job.owner].push_back(s);
@@ -323,6 +325,7 @@ int32_t ExpertCache::refresh(int32_t owner, int32_t n, const int32_t * layers, c
         if ((size_t) owner >= reserved_.size()) {
             reserved_.resize(owner + 1);
             holding_.resize(owner + 1);
+            wanted_.resize(owner + 1);
             upcoming_by_.resize(owner + 1);
         }
         holding_[owner] = 1;
@@ -331,6 +334,14 @@ int32_t ExpertCache::refresh(int32_t owner, int32_t n, const int32_t * layers, c
         for (const auto & u : upcoming_by_) {
             upcoming_.insert(upcoming_.end(), u.begin(), u.end());
         }
+        std::vector<int32_t> & wanted = wanted_[owner];
+        wanted.clear();
+        for (int32_t i = 0; i < n; ++i) {
+            for (int64_t j = offsets[i]; admit[i] && j < offsets[i + 1]; ++j) {
+                wanted.push_back(layers[i] * cfg_.n_expert + experts[j]);
+            }
+        }
+        std::sort(wanted.begin(), wanted.end());
         std::vector<int64_t> & reserved = reserved_[owner];
         for (int64_t s : reserved) {
             dir_.unpin(s);

@@ -122,7 +122,9 @@ public:
 private:
     void load(const LoadJob & job, int32_t worker);
     // A scheduler's load (queued without a slot, so that it evicts nothing while it waits its
-    // turn): choose its slot now, reserved for the scheduler until its next refresh. false:
+    // turn): choose its slot now, reserved for the scheduler until its next refresh if that
+    // refresh still wants it (so an owner never reserves more than its admitted flights need,
+    // which the schedulers' no-deadlock rule counts on). false:
     // nothing to load (a hook loaded it meanwhile, or every slot is pinned or loading; the
     // scheduler asks again at its next refresh).
     bool assign_deferred(LoadJob & job);
@@ -152,6 +154,7 @@ private:
     std::vector<int32_t>    upcoming_;   // every owner's together
     std::vector<std::vector<int64_t>> reserved_; // per owner: slots it pinned
     std::vector<uint8_t>    holding_;    // per owner: reservations in force (refreshed since its last unreserve_all)
+    std::vector<std::vector<int32_t>> wanted_; // per owner: keys its admitted flights need (sorted), as of its last refresh
     uint64_t                version_ = 0;
     std::vector<std::vector<float>> routers_; // per layer: router weights, for prefetch
     int32_t                 router_n_embd_ = 0;
