@@ -3,7 +3,8 @@
 usage: engine_probe.py MODEL SCHEDULER CACHE PARALLEL SPEC.json
 SPEC: {"prompts": [...], "max_tokens": n, "stop": [...], "bad": [indices of requests given an
 invalid token], "eviction": "...", "seed": n, "cancel": [[request, step], ...] (bevy: cancel a
-request before that scheduling step, wherever its token stands)}
+request before that scheduling step, wherever its token stands), "threads": n (default 2),
+"link": "..." (default file)}
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def main() -> int:
     lib = use_libllama("patched")
     native.llama_moe_set_lazy_experts(lib, True)
     info = inspect_model(model_path)
-    with Model(lib, model_path) as model, ExpertCache(info, parse_cache_size(size, info.expert_bytes),
-                                                      LinkSpec("file"), policy=spec.get("eviction", "next-use"),
+    link = LinkSpec.parse(spec.get("link", "file"))
+    with Model(lib, model_path) as model, ExpertCache(info, parse_cache_size(size, info.expert_bytes), link,
+                                                      policy=spec.get("eviction", "next-use"),
                                                       wait_timeout_s=60, seed=spec.get("seed", 0)) as cache:
         requests = []
         for i, p in enumerate(spec["prompts"]):
@@ -38,8 +40,8 @@ def main() -> int:
                 tokens[len(tokens) // 2] = 10**6  # not a token: this request's decode fails
             requests.append(Request(prompt=p, prompt_tokens=tokens, max_tokens=spec["max_tokens"],
                                     stop=tuple(spec.get("stop", ()))))
-        runner, micro_batch = make_runner(get_scheduler(scheduler), model, model_path, cache, parallel, 2,
-                                          max(len(r.prompt_tokens) for r in requests))
+        runner, micro_batch = make_runner(get_scheduler(scheduler), model, model_path, cache, parallel,
+                                          spec.get("threads", 2), max(len(r.prompt_tokens) for r in requests))
         cancel = {step: i for i, step in spec.get("cancel", [])}
         cancelled_at: dict[int, list] = {}
         if cancel:
