@@ -189,7 +189,8 @@ BEVY_API void    bevy_hook_end(bevy_hook * hook);
 // resident experts of the admitted flights (admit[i] != 0) are reserved, then their absent
 // ones are queued for loading, in flight order, at priority[i]. A queued load takes (evicts)
 // its slot only when a link worker starts it, and the slot joins the owner's reservations
-// until its next refresh (unless it called bevy_cache_unreserve_all since this one). Flight i
+// until its next refresh if the owner's latest refresh still admits a flight that needs it
+// (and it did not call bevy_cache_unreserve_all since). Flight i
 // needs experts[offsets[i] .. offsets[i + 1]) (distinct) at layers[i]; with count[i] its
 // lookups are counted. absent[i]: how many it still lacks (queued ones included). 0, or -1
 // (nothing changed) on a bad owner, layer or expert
