@@ -45,14 +45,15 @@ def test_prefetch_reports_precision_and_recall(runahead_model: Path) -> None:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_liveness_randomized(tmp_path: Path, seed: int) -> None:
-    """16 requests, the minimum cache, random eviction, early stops: every request finishes."""
+    """16 requests, the minimum cache, random eviction, early stops, one thread or two (bevy:
+    one lane or two): every request finishes."""
     rng = random.Random(seed)
     model = ensure_model(tiny_spec(ARCHS[seed % 3], layers=4, experts=16, top_k=2), progress=False)
     prompts = ["".join(rng.choice("abcxyz 0123,.äß") for _ in range(rng.randint(1, 24))) for _ in range(16)]
     stop = [rng.choice("abcxyz0123")]
     for scheduler in ("bevy", "bevy-ctx", "blocking", "prefetch"):
         got = probe(model, scheduler, "25%", 8, tmp_path, prompts=prompts, max_tokens=rng.randint(2, 10),
-                    stop=stop, eviction="random", seed=seed)
+                    stop=stop, eviction="random", seed=seed, threads=1 + seed % 2)
         assert all(r["finish"] in ("length", "stop") and r["error"] is None for r in got["requests"]), scheduler
         assert got["pinned_after"] == 0
 

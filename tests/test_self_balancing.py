@@ -30,15 +30,18 @@ def test_bevy_follows_the_margin_rule(tmp_path: Path, runahead_model: Path, cach
     assert got["pinned_after"] == 0
 
 
-def test_a_single_lane_loads_each_missed_expert_once(tmp_path: Path, runahead_model: Path) -> None:
+@pytest.mark.parametrize("cache", ["50%", "twice-minimum"])
+def test_a_single_lane_loads_each_missed_expert_once(tmp_path: Path, runahead_model: Path, cache: str) -> None:
     """One thread, one lane: it keeps its waiting flights' reservations while it computes (the
     cache holds twice the minimum), so the loads that land meanwhile cannot evict them. Dropping
     them loaded experts that were evicted before use: 20-30% more loads than misses here, and
     twice the bytes of bevy-ctx on the default model at 50% (measured)."""
-    slot = CacheLayout.of(inspect_model(runahead_model)).slot_bytes
-    link = f"throttle:{4000 * slot}B/s:ram"  # emulated, 0.25 ms an expert: loads land while the lane computes
+    layout = CacheLayout.of(inspect_model(runahead_model))
+    if cache == "twice-minimum":  # the smallest cache where the lane keeps them: half for each
+        cache = str(2 * layout.min_slots(1) * layout.slot_bytes)
+    link = f"throttle:{4000 * layout.slot_bytes}B/s:ram"  # emulated, 0.25 ms an expert: loads land while it computes
     ref = stock_alone(runahead_model, PROMPTS, 12)
-    got = probe(runahead_model, "bevy", "50%", 8, tmp_path, prompts=PROMPTS, max_tokens=12, threads=1, link=link)
+    got = probe(runahead_model, "bevy", cache, 8, tmp_path, prompts=PROMPTS, max_tokens=12, threads=1, link=link)
     margin_ok(ref, {"requests": [{"tokens": r["tokens"]} for r in got["requests"]]}, 8, 12)
     c = got["counters"]
     assert 0 < c["loads"] <= c["misses"], c
