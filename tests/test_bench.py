@@ -55,8 +55,29 @@ def test_bound_and_protocol(bench: tuple[dict, Path]) -> None:
     assert p["requests"] == 8 and p["steps"] == 6 and p["repeats"] == 2 and p["workload"] == "text"
     assert {r["ratio"] for r in doc["ratios"]} >= {"bevy / blocking", "bevy / prefetch", "bevy / bevy-ctx",
                                                    "bevy / bound"}
+    for b in doc["bound"]:  # no online policy beats Belady's
+        assert b["online_policy"] == "next-use" and b["online_misses"] >= b["belady_misses"]
+        assert b["online_tok_per_s"] <= b["tok_per_s"]
+    assert 0 < p["touched_experts"] <= p["n_experts"] == 4 * 16
     for r in doc["ratios"]:
-        assert r["low"] <= r["value"] <= r["high"] and r["target"] > 0 and r["met"] == (r["value"] >= r["target"])
+        assert r["low"] <= r["value"] <= r["high"]
+        if r["ratio"] == "bevy / online bound":  # a reference, no target
+            assert r["target"] is None and r["met"] is None
+        else:
+            assert r["target"] > 0 and r["met"] == (r["value"] >= r["target"])
+
+
+def test_online_misses_replay_the_live_policy_from_the_recorded_order() -> None:
+    from bevy_gguf.bench.harness import belady_misses, policy_misses, touched_experts
+
+    order = {"prefill": [[0, [0, 1]], [1, [0]]],
+             "decode": [[0, [0, 1, 2]], [1, [0, 3]], [0, [1, 2]], [1, [3]], [0, [0, 1]], [1, [0, 3]]]}
+    assert touched_experts(order) == 5
+    for policy in ("lru", "next-use"):
+        # every expert fits: the decode misses are the first uses of (0, 2) and (1, 3) only
+        assert policy_misses(order, 5, policy, 2, 4) == belady_misses(order, 5) == 2
+        assert policy_misses(order, 3, policy, 2, 4) >= belady_misses(order, 3) > 2
+    assert policy_misses(order, 3, "lru", 2, 4) == 6  # worked by hand: (0,2) (1,0) (1,3) (0,1) (0,0) (1,0)
 
 
 def test_outputs_written(bench: tuple[dict, Path]) -> None:
@@ -136,12 +157,15 @@ def test_every_ratio_gets_its_design_target_and_the_spread_of_its_repeats() -> N
               "runs": [_row("bevy", nine, [290.0, 310.0, 300.0]), _row("blocking", nine, [200.0, 200.0, 210.0]),
                        _row("prefetch", nine, [250.0, 250.0, 250.0]), _row("bevy-ctx", nine, [100.0, 100.0]),
                        _row("bevy", 100.0, [380.0, 400.0, 390.0]), _row("stock-resident", 100.0, [400.0] * 3)],
-              "bound": [{"cache": nine, "tok_per_s": 400.0}, {"cache": 100.0, "tok_per_s": None}]}
+              "bound": [{"cache": nine, "tok_per_s": 400.0, "online_tok_per_s": 200.0},
+                        {"cache": 100.0, "tok_per_s": None}]}
     for b in report["bound"]:
         b |= {"belady_misses": 0, "compute_s": None, "link_s": None}
     got = {(r.name, round(r.cache)): r for r in measured_ratios(report)}
     assert set(got) == {("bevy / blocking", 90), ("bevy / prefetch", 90), ("bevy / bevy-ctx", 90),
-                        ("bevy / bound", 90), ("bevy / stock-resident", 100)}
+                        ("bevy / bound", 90), ("bevy / online bound", 90), ("bevy / stock-resident", 100)}
+    online = got[("bevy / online bound", 90)]
+    assert (online.value, online.target, verdict(online)) == (1.5, None, "")
     blocking = got[("bevy / blocking", 90)]
     assert (blocking.value, blocking.target) == (1.5, 1.5)  # 300 / 200, the 90% target
     assert (round(blocking.low, 3), blocking.high) == (1.429, 1.55)  # 300/210 and 310/200, paired by repeat
@@ -158,3 +182,5 @@ def test_every_ratio_gets_its_design_target_and_the_spread_of_its_repeats() -> N
     md = markdown(report | {"protocol": {**_PROTOCOL, "repeats": 3}}, "bevy-gguf bench m.gguf")
     assert "| bevy / blocking | 90% | 1.50 | 1.43–1.55 | ≥ 1.5 | met (repeats on both sides) |" in md
     assert "| bevy / prefetch | 90% | 1.20 | 1.16–1.24 | ≥ 1.3 | missed |" in md
+    assert "| bevy / online bound | 90% | 1.50 | 1.45–1.55 | - |  |" in md
+    assert "| 90% | 400.0 | 0 | - | - | - | 200.0 |" in md  # no replayed misses recorded: a dash

@@ -5,7 +5,8 @@ each run in its own process (stock runs on the stock libllama), systems interlea
 repeats, medians reported with every repeat kept. Per cache point the bound is the larger of
 the compute time (the fastest decode measured with every expert in memory: stock-resident, or
 any system at a 100% cache) and the link time of the Belady-optimal misses of the recorded
-blocking order.
+blocking order. Beside it, the online bound: the same with the misses of the live cache's own
+eviction policy replayed on that order (what a cache that cannot see the future needs).
 """
 
 from __future__ import annotations
@@ -148,6 +149,32 @@ def belady_misses(order: dict[str, Any], n_slots: int) -> int:
     return decode_lookups - belady_hits(visits, n_slots, count_from=len(order["prefill"]))
 
 
+def _bound_tok_per_s(decode_tokens: int, compute_s: float | None, link_s: float | None) -> float | None:
+    """Decode tokens over the larger of the compute and link times (None if neither is known)."""
+    limit = max((x for x in (compute_s, link_s) if x is not None), default=None)
+    return decode_tokens / limit if limit else None
+
+
+def policy_misses(order: dict[str, Any], n_slots: int, policy: str, n_layer: int, n_expert: int) -> int:
+    """Decode misses of a libbevy eviction policy replayed on the recorded order (deterministic
+    for lru and next-use: the prefill's misses are those of the prefill replayed alone)."""
+    from bevy_gguf.replay import replay_policy
+
+    prefill = [tuple(v) for v in order["prefill"]]
+    visits = prefill + [tuple(v) for v in order["decode"]]
+
+    def misses(vs: list) -> int:
+        return sum(len(e) for _, e in vs) - (replay_policy(policy, vs, n_layer, n_expert, n_slots) if vs else 0)
+
+    return misses(visits) - misses(prefill)
+
+
+def touched_experts(order: dict[str, Any]) -> int:
+    """Distinct (layer, expert) pairs the recorded order uses: a cache of at least that many
+    slots sees cold misses only."""
+    return len({(il, e) for il, es in order["prefill"] + order["decode"] for e in es})
+
+
 def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     info = inspect_model(cfg.model)
     layout = CacheLayout.of(info)
@@ -200,17 +227,21 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     for cache, pct in cache_points:
         n_slots = min(parse_cache_size(cache, info.expert_bytes) // layout.slot_bytes, info.n_layer * info.n_expert)
         misses = belady_misses(order, n_slots)
-        link_s = misses * layout.slot_bytes / link_rate if link_rate else None
-        limit = max(x for x in (compute_s, link_s) if x is not None) if (compute_s or link_s) else None
-        bound.append({"cache": pct, "tok_per_s": decode_tokens / limit if limit else None, "belady_misses": misses,
-                      "belady_bytes": misses * layout.slot_bytes, "compute_s": compute_s, "link_s": link_s})
+        online = policy_misses(order, n_slots, cfg.eviction, info.n_layer, info.n_expert)
+        link_s, online_link_s = ((m * layout.slot_bytes / link_rate if link_rate else None) for m in (misses, online))
+        bound.append({"cache": pct, "tok_per_s": _bound_tok_per_s(decode_tokens, compute_s, link_s),
+                      "belady_misses": misses, "belady_bytes": misses * layout.slot_bytes,
+                      "compute_s": compute_s, "link_s": link_s, "online_policy": cfg.eviction,
+                      "online_misses": online, "online_link_s": online_link_s,
+                      "online_tok_per_s": _bound_tok_per_s(decode_tokens, compute_s, online_link_s)})
     for row in rows:
         b = next((b for b in bound if b["cache"] == row["cache"]), None)
         ok = b and b["tok_per_s"] and row["tok_per_s"]
         row["pct_of_bound"] = row["tok_per_s"] / b["tok_per_s"] if ok else None
     protocol = asdict(cfg) | {"model": str(cfg.model), "model_bytes": info.file_bytes,
                               "expert_bytes": info.expert_bytes, "slot_bytes": layout.slot_bytes,
-                              "decode_tokens": decode_tokens,
+                              "decode_tokens": decode_tokens, "touched_experts": touched_experts(order),
+                              "n_experts": info.n_layer * info.n_expert,
                               "link_rate_bytes_per_s": link_rate, "machine": _machine()}
     return {"protocol": protocol, "runs": rows, "bound": bound, "timelines": timelines}
 

@@ -49,13 +49,21 @@ def markdown(report: dict[str, Any], command: str) -> str:
             f"{_fmt(r['tpot_p50_ms'])} / {_fmt(r['tpot_p99_ms'])} | {_fmt(r['ttft_ms'], '.0f')} | "
             f"{_fmt(r['hit_rate'], '.3f')} | {_fmt(r['bytes_loaded'] and r['bytes_loaded'] / 1e6, '.0f')} | "
             f"{_fmt(r.get('link_utilization'), '.2f')} | {_fmt(r['overlap_efficiency'], '.2f')} | {status} |")
+    policy = next((b.get("online_policy") for b in report["bound"]), None) or "next-use"
     lines += ["", "Bound per cache point (the larger of the compute time, the fastest decode measured with every "
               "expert in memory, stock-resident or any system at a 100% cache, and the link time of Belady's "
-              "optimal misses of the recorded order):", "",
-              "| cache | bound tok/s | Belady misses | compute s | link s |", "|---|---|---|---|---|"]
+              f"optimal misses of the recorded order); the online bound puts the misses of `{policy}` (the "
+              "live cache's eviction) replayed on that order in place of Belady's:", "",
+              f"| cache | bound tok/s | Belady misses | compute s | link s | {policy} misses | online bound tok/s |",
+              "|---|---|---|---|---|---|---|"]
     for b in report["bound"]:
         lines.append(f"| {b['cache']:.0f}% | {_fmt(b['tok_per_s'])} | {b['belady_misses']} | "
-                     f"{_fmt(b['compute_s'], '.2f')} | {_fmt(b['link_s'], '.2f')} |")
+                     f"{_fmt(b['compute_s'], '.2f')} | {_fmt(b['link_s'], '.2f')} | {b.get('online_misses', '-')} | "
+                     f"{_fmt(b.get('online_tok_per_s'))} |")
+    touched, n_experts = p.get("touched_experts"), p.get("n_experts")
+    if touched and n_experts:
+        lines += ["", f"The recorded order touches {touched} of the {n_experts} experts "
+                  f"({100 * touched / n_experts:.1f}%): a cache point at or above that sees cold misses only."]
     ratios = measured_ratios(report)
     if ratios:
         lines += ["", f"Ratios measured in this run, against their targets ({TARGETS}); per repeat: the lowest and "
