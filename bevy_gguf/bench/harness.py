@@ -156,8 +156,8 @@ def _bound_tok_per_s(decode_tokens: int, compute_s: float | None, link_s: float 
 
 
 def policy_misses(order: dict[str, Any], n_slots: int, policy: str, n_layer: int, n_expert: int) -> int:
-    """Decode misses of a libbevy eviction policy replayed on the recorded order (deterministic
-    for lru and next-use: the prefill's misses are those of the prefill replayed alone)."""
+    """Decode misses of a libbevy eviction policy replayed on the recorded order (a replay is
+    deterministic, its seed fixed: the prefill's misses are those of the prefill replayed alone)."""
     from bevy_gguf.replay import replay_policy
 
     prefill = [tuple(v) for v in order["prefill"]]
