@@ -53,7 +53,8 @@ def markdown(report: dict[str, Any], command: str) -> str:
     lines += ["", "Bound per cache point (the larger of the compute time, the fastest decode measured with every "
               "expert in memory, stock-resident or any system at a 100% cache, and the link time of Belady's "
               f"optimal misses of the recorded order); the online bound puts the misses of `{policy}` (the "
-              "live cache's eviction) replayed on that order in place of Belady's:", "",
+              "live cache's eviction) replayed on that order in place of Belady's (a reference, not a limit: "
+              "a scheduler whose lookahead reveals part of the future can load less):", "",
               f"| cache | bound tok/s | Belady misses | compute s | link s | {policy} misses | online bound tok/s |",
               "|---|---|---|---|---|---|---|"]
     for b in report["bound"]:
