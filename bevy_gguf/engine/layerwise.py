@@ -165,9 +165,9 @@ class _Lane:
     another lane's, would evict what its waiting flights hold: measured, 40% more bytes with two
     lanes, twice the bytes with one), so of its share of the slots (1/lanes) a lane reserves at
     most half and its calls' tokens fit in the other half: the lanes' pins never fill the cache,
-    and no call can wait for a slot that only a waiting lane could free. A single lane whose
-    cache is below twice the minimum drops its reservations before each call instead, and may
-    then pin the whole cache.
+    and no call can wait for a slot that only a waiting lane could free. A lane whose half share
+    is below a call's minimum (only ever a single lane: the runner takes fewer lanes first) drops
+    its reservations before each call instead, and may then pin the whole cache.
     """
 
     def __init__(self, runner: SelfBalancingRunner, owner: int, lanes: int, params: ContextParams,
@@ -175,7 +175,7 @@ class _Lane:
         self.runner, self.model, self.cache = runner, runner.model, runner.cache
         self.owner = owner  # whose reservations these are, among the lanes sharing the cache
         self.params = dataclasses.replace(params, n_ubatch=params.n_batch)  # one graph per call
-        self.keep_reservations = lanes > 1 or self.cache.n_slots // 2 >= self.cache.layout.min_slots(1)
+        self.keep_reservations = self.cache.n_slots // (2 * lanes) >= self.cache.layout.min_slots(1)
         share = self.cache.n_slots // (2 * lanes) if self.keep_reservations else self.cache.n_slots
         self.chunk = self.cache.layout.micro_batch(share, self.params.n_batch)
         # with reservations held, a call's tokens must fit its share at every layer it merges
