@@ -43,6 +43,11 @@ def test_every_system_ran_at_every_cache_point(bench: tuple[dict, Path]) -> None
         if r["system"] not in ("stock-resident", "stock-offload"):
             assert 0 <= r["hit_rate"] <= 1 and r["bytes_loaded"] >= 0 and 0 < r["overlap_efficiency"] <= 1.05
             assert r["cache_bytes"] > 0 and r["pct_of_bound"] > 0
+            # the link's rate while busy: what was loaded over the time a transfer was in flight
+            busy = r["link_busy_s"]
+            assert (r["link_bytes_per_s"] is None) == (busy == 0)
+            if busy:
+                assert r["link_bytes_per_s"] >= r["bytes_loaded"] / (2 * busy) > 0  # a median of 2 runs
 
 
 def test_bound_and_protocol(bench: tuple[dict, Path]) -> None:
@@ -84,6 +89,7 @@ def test_outputs_written(bench: tuple[dict, Path]) -> None:
     doc, out = bench
     assert json.loads((out / "report.json").read_text())["runs"] == doc["runs"]
     md = (out / "report.md").read_text()
+    assert "| link GB/s while busy |" in md
     assert "| bevy |" in md and ("Link: file (O_DIRECT)" in md or "Link: file (buffered" in md)
     if "Link: file (O_DIRECT)" in md:  # the tiny q8_0 model's experts (4352 bytes) are not whole pages
         assert "experts through a bounce buffer" in md

@@ -101,12 +101,16 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]]) -> 
     if not ok:
         row |= {"status": runs[0]["error"] if runs else "not run", "tok_per_s": None, "cache_bytes": None,
                 "tpot_p50_ms": None, "tpot_p99_ms": None, "ttft_ms": None, "hit_rate": None, "bytes_loaded": None,
-                "overlap_efficiency": None, "link_utilization": None}
+                "overlap_efficiency": None, "link_utilization": None, "link_bytes_per_s": None}
         return row
     tpot = [t for r in ok for t in r["tpot_ms"]]
     counters = [r.get("decode_counters") for r in ok if r.get("decode_counters")]
     overlap = [max(r["compute_busy_s"], r["link_busy_s"]) / r["decode_s"] for r in ok if r["decode_s"] > 0]
     link_util = [r["link_busy_s"] / r["decode_s"] for r in ok if r["decode_s"] > 0]
+    # the rate the link reached while busy: the disk's own run-to-run spread shows here, apart
+    # from how well a scheduler keeps the link busy (link util)
+    link_rate = [r["decode_counters"]["bytes_loaded"] / r["link_busy_s"] for r in ok
+                 if r.get("decode_counters") and r["link_busy_s"] > 0]
     row |= {
         "status": "ok" if len(ok) == len(runs) else f"{len(runs) - len(ok)} of {len(runs)} runs failed",
         "tok_per_s": _median([r["tok_per_s"] for r in ok]),
@@ -116,6 +120,7 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]]) -> 
         "hit_rate": _median([hit_rate(c) for c in counters]) if counters else None,
         "bytes_loaded": _median([c["bytes_loaded"] for c in counters]) if counters else None,
         "overlap_efficiency": _median(overlap), "link_utilization": _median(link_util),
+        "link_bytes_per_s": _median(link_rate) if link_rate else None,
         "compute_busy_s": _median([r["compute_busy_s"] for r in ok]),
         "link_busy_s": _median([r["link_busy_s"] for r in ok]), "decode_s": _median([r["decode_s"] for r in ok]),
         "stall_s": _median([c["stall_ns"] / 1e9 for c in counters]) if counters else None,

@@ -36,8 +36,8 @@ def markdown(report: dict[str, Any], command: str) -> str:
         + f". {p['repeats']} runs per row (median), systems interleaved, cold cache per run.",
         "",
         "| system | cache | tok/s | % of bound | TPOT p50 / p99 ms | TTFT ms | hit rate | MB loaded | link util | "
-        "overlap eff. | status |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "link GB/s while busy | overlap eff. | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["runs"]:
         status = r.get("status", "")
@@ -48,7 +48,9 @@ def markdown(report: dict[str, Any], command: str) -> str:
             f"{_fmt(r['pct_of_bound'] and 100 * r['pct_of_bound'], '.0f')} | "
             f"{_fmt(r['tpot_p50_ms'])} / {_fmt(r['tpot_p99_ms'])} | {_fmt(r['ttft_ms'], '.0f')} | "
             f"{_fmt(r['hit_rate'], '.3f')} | {_fmt(r['bytes_loaded'] and r['bytes_loaded'] / 1e6, '.0f')} | "
-            f"{_fmt(r.get('link_utilization'), '.2f')} | {_fmt(r['overlap_efficiency'], '.2f')} | {status} |")
+            f"{_fmt(r.get('link_utilization'), '.2f')} | "
+            f"{_fmt(r.get('link_bytes_per_s') and r['link_bytes_per_s'] / 1e9, '.2f')} | "
+            f"{_fmt(r['overlap_efficiency'], '.2f')} | {status} |")
     policy = next((b.get("online_policy") for b in report["bound"]), None) or "next-use"
     lines += ["", "Bound per cache point (the larger of the compute time, the fastest decode measured with every "
               "expert in memory, stock-resident or any system at a 100% cache, and the link time of Belady's "
