@@ -107,8 +107,8 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]]) -> 
     counters = [r.get("decode_counters") for r in ok if r.get("decode_counters")]
     overlap = [max(r["compute_busy_s"], r["link_busy_s"]) / r["decode_s"] for r in ok if r["decode_s"] > 0]
     link_util = [r["link_busy_s"] / r["decode_s"] for r in ok if r["decode_s"] > 0]
-    # the rate the link reached while busy: the disk's own run-to-run spread shows here, apart
-    # from how well a scheduler keeps the link busy (link util)
+    # the rate the link reached while busy, apart from how long it was busy (link util): it rises
+    # with the transfers a scheduler keeps in flight, and shows the disk's run-to-run spread
     link_rate = [r["decode_counters"]["bytes_loaded"] / r["link_busy_s"] for r in ok
                  if r.get("decode_counters") and r["link_busy_s"] > 0]
     row |= {
