@@ -109,8 +109,8 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]]) -> 
     link_util = [r["link_busy_s"] / r["decode_s"] for r in ok if r["decode_s"] > 0]
     # the rate the link reached while busy, apart from how long it was busy (link util): it rises
     # with the transfers a scheduler keeps in flight, and shows the disk's run-to-run spread
-    link_rate = [r["decode_counters"]["bytes_loaded"] / r["link_busy_s"] for r in ok
-                 if r.get("decode_counters") and r["link_busy_s"] > 0]
+    busy_rates = [r["decode_counters"]["bytes_loaded"] / r["link_busy_s"] for r in ok
+                  if r.get("decode_counters") and r["link_busy_s"] > 0]
     row |= {
         "status": "ok" if len(ok) == len(runs) else f"{len(runs) - len(ok)} of {len(runs)} runs failed",
         "tok_per_s": _median([r["tok_per_s"] for r in ok]),
@@ -120,7 +120,7 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]]) -> 
         "hit_rate": _median([hit_rate(c) for c in counters]) if counters else None,
         "bytes_loaded": _median([c["bytes_loaded"] for c in counters]) if counters else None,
         "overlap_efficiency": _median(overlap), "link_utilization": _median(link_util),
-        "link_bytes_per_s": _median(link_rate) if link_rate else None,
+        "link_bytes_per_s": _median(busy_rates) if busy_rates else None,
         "compute_busy_s": _median([r["compute_busy_s"] for r in ok]),
         "link_busy_s": _median([r["link_busy_s"] for r in ok]), "decode_s": _median([r["decode_s"] for r in ok]),
         "stall_s": _median([c["stall_ns"] / 1e9 for c in counters]) if counters else None,
