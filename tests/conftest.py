@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bevy_gguf.models import ensure_model
-from bevy_gguf.models.spec import ARCHS, ModelSpec
+from bevy_gguf.synth import ensure_model
+from bevy_gguf.synth.spec import ARCHS, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
+PROBES = ROOT / "tests" / "probes"  # scripts that run one scenario in a process of their own
 TIMEOUT_S = 300
 
 
@@ -53,10 +54,10 @@ def run_json(*args: str) -> dict:
     return json.loads(run_cli(*args, "--json").stdout)
 
 
-def run_probe(*args: str, script: str = "probe.py") -> dict:
-    """Run tests/SCRIPT (default probe.py: a fixed decode schedule on one libllama) and return its JSON."""
+def run_probe(*args: str, script: str = "decode_probe.py") -> dict:
+    """Run tests/probes/SCRIPT (default decode_probe.py: a fixed decode schedule on one libllama); its JSON."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / script), *map(str, args)],
+        [sys.executable, str(PROBES / script), *map(str, args)],
         capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT,
     )
     if proc.returncode != 0:
@@ -65,17 +66,17 @@ def run_probe(*args: str, script: str = "probe.py") -> dict:
 
 
 def probe_logits(tmp_path: Path, lib: str, model: Path, hook: str = "none", *extra: str) -> tuple[dict, np.ndarray]:
-    """(probe JSON, every output's logits) of tests/probe.py's fixed schedule."""
+    """(probe JSON, every output's logits) of tests/probes/decode_probe.py's fixed schedule."""
     out = tmp_path / f"{lib}-{hook}-{abs(hash(extra))}.npy"
     result = run_probe("--lib", lib, "--model", model, "--out", out, "--hook", hook, *extra)
     return result, np.load(out)
 
 
-MARGIN = 0.05  # DESIGN.md §4
+MARGIN = 0.05  # docs/correctness.md
 
 
 def compare_by_margin_rule(ref: dict, other: dict) -> tuple[int, int]:
-    """(positions compared, mismatches) of other's tokens against ref's under §4's margin rule."""
+    """(positions compared, mismatches) of other's tokens against ref's under the margin rule (docs/correctness.md)."""
     compared = mismatches = 0
     for r, o in zip(ref["requests"], other["requests"]):
         for pos, (a, b) in enumerate(zip(r["tokens"], o["tokens"])):
@@ -99,16 +100,16 @@ def runahead_model(request: pytest.FixtureRequest) -> Path:
 
 
 def probe(model: Path, scheduler: str, cache: str, parallel: int, tmp_path: Path, **spec: object) -> dict:
-    """Run tests/engine_probe.py: requests on the bevy engine in one process; its JSON."""
+    """Run tests/probes/engine_probe.py: requests on the bevy engine in one process; its JSON."""
     spec_path = tmp_path / f"spec-{scheduler}-{cache}-{parallel}.json"
     spec_path.write_text(json.dumps(spec))
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "engine_probe.py"), str(model), scheduler, cache,
+    out = subprocess.run([sys.executable, str(PROBES / "engine_probe.py"), str(model), scheduler, cache,
                           str(parallel), str(spec_path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 
 
 def stock_alone(model: Path, prompts: list[str], n: int) -> dict:
-    """The §4 reference for per-request schedulers: stock llama.cpp, one prompt at a time."""
+    """The reference (docs/correctness.md) for per-request schedulers: stock llama.cpp, one prompt at a time."""
     args = [a for p in prompts for a in ("-p", p)]
     return run_json("run", model, "--engine", "stock", "--parallel", "1", "-n", str(n), *args)

@@ -1,6 +1,6 @@
 """`bevy-gguf bench`: every system on identical requests, side by side, in one invocation.
 
-Protocol (DESIGN.md §6): teacher-forced text workload (or real generation), cold cache per run,
+Protocol (docs/benchmark.md): teacher-forced text workload (or real generation), cold cache per run,
 each run in its own process (stock runs on the stock libllama), systems interleaved across
 repeats, medians reported with every repeat kept. Per cache point the bound is the larger of
 the compute time (the fastest decode measured with every expert in memory: stock-resident, or
@@ -24,10 +24,11 @@ from tqdm import tqdm
 
 from bevy_gguf.bench.memcap import MemoryCap, evict_page_cache
 from bevy_gguf.bench.worker import BEVY_SYSTEMS, SYSTEMS
-from bevy_gguf.engine.expert_cache import CacheLayout, hit_rate
+from bevy_gguf.config import LinkSpec, parse_cache_size, physical_cores
+from bevy_gguf.engine.cache_layout import CacheLayout
+from bevy_gguf.engine.stats import hit_rate
 from bevy_gguf.errors import BevyError
 from bevy_gguf.gguf_info import inspect_model
-from bevy_gguf.offload import LinkSpec, parse_cache_size
 
 WORKER_TIMEOUT_S = 900
 TRACE_EVENTS = 2_000_000
@@ -40,7 +41,7 @@ class BenchConfig:
     requests: int = 8
     prompt_tokens: int = 16
     steps: int = 64
-    threads: int = 2
+    threads: int = field(default_factory=physical_cores)
     link: str = "file"
     eviction: str = "next-use"
     repeats: int = 3
@@ -95,7 +96,7 @@ def _median(values: list[float]) -> float | None:
 
 
 def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over the repeats of one system at one cache point (§3 bench --json row)."""
+    """Medians over the repeats of one system at one cache point (a row of bench --json, docs/cli.md)."""
     ok = [r for r in runs if "error" not in r]
     row: dict[str, Any] = {"system": system, "cache": cache_pct, "repeats": [r.get("tok_per_s") for r in ok]}
     if not ok:
@@ -147,7 +148,7 @@ def reference_order(cfg: BenchConfig) -> dict[str, Any]:
 
 
 def belady_misses(order: dict[str, Any], n_slots: int) -> int:
-    from bevy_gguf.replay import belady_hits
+    from bevy_gguf.analysis.replay import belady_hits
 
     visits = [tuple(v) for v in order["prefill"]] + [tuple(v) for v in order["decode"]]
     decode_lookups = sum(len(e) for _, e in order["decode"])
@@ -163,7 +164,7 @@ def _bound_tok_per_s(decode_tokens: int, compute_s: float | None, link_s: float 
 def policy_misses(order: dict[str, Any], n_slots: int, policy: str, n_layer: int, n_expert: int) -> int:
     """Decode misses of a libbevy eviction policy replayed on the recorded order (a replay is
     deterministic, its seed fixed: the prefill's misses are those of the prefill replayed alone)."""
-    from bevy_gguf.replay import replay_policy
+    from bevy_gguf.analysis.replay import replay_policy
 
     prefill = [tuple(v) for v in order["prefill"]]
     visits = prefill + [tuple(v) for v in order["decode"]]

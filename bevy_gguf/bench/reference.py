@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from bevy_gguf.replay import blocking_order
-from bevy_gguf.tracecmd import trace_workload
+from bevy_gguf.analysis.replay import blocking_order
+from bevy_gguf.analysis.trace import trace_workload
 
 
 def main() -> int:

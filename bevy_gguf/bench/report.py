@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bevy_gguf import native
+from bevy_gguf._native import libbevy as native
 from bevy_gguf.bench.targets import measured_ratios, verdict
 
-TARGETS = "DESIGN.md §6"
+TARGETS = "docs/benchmark.md"
 
 
 def _fmt(value: Any, spec: str = ".1f", none: str = "-") -> str:
@@ -152,6 +152,6 @@ def write_outputs(report: dict[str, Any], out: Path, command: str) -> list[Path]
 
 
 def public_json(report: dict[str, Any]) -> dict[str, Any]:
-    """The §3 bench document (timelines go to timeline.json)."""
+    """The bench document (docs/cli.md; (timelines go to timeline.json)."""
     return {"protocol": report["protocol"], "runs": report["runs"], "bound": report["bound"],
             "ratios": [r.as_json() for r in measured_ratios(report)]}

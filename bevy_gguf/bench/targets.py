@@ -1,4 +1,4 @@
-"""The ratios a bench run measured, each against its DESIGN.md §6 target.
+"""The ratios a bench run measured, each against its target (docs/benchmark.md).
 
 Every ratio is median over median (the systems ran interleaved, repeat by repeat); the
 per-repeat range pairs the two systems' runs of the same repeat, so a verdict whose range
@@ -45,7 +45,7 @@ class Ratio:
 
 
 def target_of(name: str, cache: float) -> float | None:
-    """The §6 target of a ratio at a cache point (percent; 89.99999 is the 90% point)."""
+    """The target of a ratio at a cache point (percent; 89.99999 is the 90% point)."""
     key = (name, float(round(cache)))
     if key in RATIO_TARGETS:
         return RATIO_TARGETS[key]

@@ -13,12 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bevy_gguf.config import EngineConfig
+from bevy_gguf.engine.registry import scheduler_names
+from bevy_gguf.engine.run_result import RunResult, run_requests
 from bevy_gguf.errors import BevyError
-from bevy_gguf.generate import OffloadConfig, RunResult, run_bevy, run_stock
-from bevy_gguf.prompts import workload_requests
+from bevy_gguf.workload.prompts import workload_requests
 
 STOCK_SYSTEMS = ("stock-resident", "stock-offload")
-BEVY_SYSTEMS = ("blocking", "prefetch", "bevy-ctx", "bevy")
+BEVY_SYSTEMS = tuple(reversed(scheduler_names()))  # blocking, prefetch, bevy-ctx, bevy
 SYSTEMS = STOCK_SYSTEMS + BEVY_SYSTEMS
 
 
@@ -43,15 +45,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         return workload_requests(m, spec["requests"], spec["prompt_tokens"], spec["steps"], seed=spec.get("seed", 0),
                                  forced=forced)
 
-    if system in STOCK_SYSTEMS:
-        result = run_stock(model, make_requests, spec["parallel"], spec["threads"])
-    elif system in BEVY_SYSTEMS:
-        offload = OffloadConfig(scheduler=system, expert_cache=spec["cache"], link=spec.get("link", "file"),
-                                eviction=spec.get("eviction", "next-use"))
-        result = run_bevy(model, make_requests, spec["parallel"], spec["threads"], offload,
-                          trace_events=spec.get("trace_events", 0))
-    else:
+    if system not in SYSTEMS:
         raise BevyError(f"unknown system {system!r}: choose from {', '.join(SYSTEMS)}")
+    stock = system in STOCK_SYSTEMS
+    config = EngineConfig(model=model, engine="stock" if stock else "bevy",
+                          scheduler="blocking" if stock else system, n_parallel=spec["parallel"],
+                          n_threads=spec["threads"], expert_cache=spec.get("cache", "100%"),
+                          link=spec.get("link", "file"), eviction=spec.get("eviction", "next-use"))
+    result = run_requests(config, make_requests, trace_events=0 if stock else spec.get("trace_events", 0))
     s = result.stats
     out: dict[str, Any] = {
         "system": system, "decode_tokens": s.decode_tokens, "decode_s": s.decode_s, "prefill_s": s.prefill_s,

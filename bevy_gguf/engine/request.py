@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from bevy_gguf.sampling import Sampler, greedy
+from bevy_gguf.engine.sampling import Sampler, greedy
 
 if TYPE_CHECKING:
-    from bevy_gguf.llm import Context
+    from bevy_gguf._native.llama_handles import Context
 
 
 MULTIBYTE_SLACK = 32  # tokens a completion may run past max_tokens while its text ends inside a UTF-8 character

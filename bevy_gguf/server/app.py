@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bevy_gguf.engine.request import Request as EngineRequest
-from bevy_gguf.sampling import Sampler, SamplingParams
+from bevy_gguf.engine.sampling import Sampler, SamplingParams
 from bevy_gguf.server.chat import render_chat
 from bevy_gguf.server.engine import ServingEngine
 from bevy_gguf.server.types import ChatRequest, CompletionRequest, ServerSettings
@@ -40,8 +40,8 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="bevy-gguf", version="0.1.0")
-    llm = engine.llm
-    model_id = settings.model_alias or llm.model_path.name
+    llm = engine.engine  # the LLMEngine: its model tokenizes
+    model_id = settings.model_alias or llm.config.model.name
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, e: ApiError) -> JSONResponse:
@@ -215,7 +215,7 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat(body: ChatRequest, http: Request) -> Any:
-        prompt, stops = render_chat(llm, body.messages_as_dicts())
+        prompt, stops = render_chat(llm.model, body.messages_as_dicts())
         req = make_request(prompt, body, stops)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
 

@@ -10,7 +10,7 @@ Generated models carry no template; the default is
 
 from __future__ import annotations
 
-from typing import Any
+from bevy_gguf._native.llama_handles import Model
 
 DEFAULT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
@@ -19,15 +19,13 @@ DEFAULT_TEMPLATE = (
 DEFAULT_STOPS = ["<|user|>", "<|system|>"]
 
 
-def render_chat(llm: Any, messages: list[dict[str, str]]) -> tuple[str, list[str]]:
+def render_chat(model: Model, messages: list[dict[str, str]]) -> tuple[str, list[str]]:
     """(prompt, extra stop strings) for messages, with llama-cpp-python's Jinja2 formatter."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    template = llm.llama.metadata.get("tokenizer.chat_template")
-    eos = llm.model.piece(llm.lib.llama_vocab_eos(llm.model.vocab)).decode(errors="ignore")
-    bos = llm.model.piece(llm.lib.llama_vocab_bos(llm.model.vocab)).decode(errors="ignore")
-    formatter = Jinja2ChatFormatter(template=template or DEFAULT_TEMPLATE, eos_token=eos, bos_token=bos,
-                                    add_generation_prompt=True)
+    template = model.metadata("tokenizer.chat_template")
+    formatter = Jinja2ChatFormatter(template=template or DEFAULT_TEMPLATE, eos_token=model.special_text("eos"),
+                                    bos_token=model.special_text("bos"), add_generation_prompt=True)
     result = formatter(messages=messages)
     stops = [] if template else list(DEFAULT_STOPS)
     if result.stop:

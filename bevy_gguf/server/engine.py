@@ -1,4 +1,4 @@
-"""The serving engine: one runner serves a live queue of requests on a background thread."""
+"""The server's view of the engine: submission with a bounded queue, and the /metrics numbers."""
 
 from __future__ import annotations
 
@@ -6,13 +6,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from bevy_gguf.api import Llama
-from bevy_gguf.engine.batched import RunStats
-from bevy_gguf.engine.expert_cache import hit_rate
+from bevy_gguf.engine.engine import LLMEngine
 from bevy_gguf.engine.request import Request
-from bevy_gguf.engine.schedulers import make_runner
-from bevy_gguf.engine.source import LiveQueue
-from bevy_gguf.llm import ContextParams
+from bevy_gguf.engine.stats import hit_rate
 
 
 @dataclass(slots=True)
@@ -39,33 +35,20 @@ class Throughput:
 
 class ServingEngine:
     """Requests join the running set between steps and leave when done (continuous batching);
-    at most n_parallel decode at once, the rest wait in arrival order in a bounded queue."""
+    at most n_parallel decode at once, the rest wait in arrival order in a bounded queue. The
+    LLMEngine's serving loop runs them on its background thread."""
 
-    def __init__(self, llm: Llama, ctx_per_seq: int, max_queued: int) -> None:
-        self.llm = llm
-        self.ctx_per_seq = ctx_per_seq
-        self.queue = LiveQueue(max_queued)
+    def __init__(self, engine: LLMEngine, max_queued: int) -> None:
+        self.engine = engine
         self.running: set[int] = set()
         self.lock = threading.Lock()
         self.throughput = Throughput()
         self.started = time.monotonic()
-        self.error: str | None = None
-        flash = int(llm.llama.context_params.flash_attn_type)
-        self.runner, micro_batch = make_runner(llm.scheduler, llm.model, llm.model_path, llm.cache, llm.n_parallel,
-                                               llm.n_threads, ctx_per_seq, flash_attn_type=flash)
-        per_context = llm.scheduler.runner == "contexts"
-        n_seq = 1 if per_context else llm.n_parallel
-        self.params = ContextParams(n_ctx=n_seq * ctx_per_seq, n_batch=ctx_per_seq, n_seq_max=n_seq,
-                                    n_threads=1 if per_context else llm.n_threads,
-                                    n_ubatch=min(micro_batch, ctx_per_seq), flash_attn_type=flash)
-        self.thread = threading.Thread(target=self._serve, name="bevy-serve", daemon=True)
-        self.thread.start()
+        engine.start(max_queued)
 
-    def _serve(self) -> None:
-        try:
-            self.stats: RunStats = self.runner.serve(self.queue, self.params)
-        except Exception as e:  # noqa: BLE001 - reported by /health, never silently
-            self.error = f"{type(e).__name__}: {e}"
+    @property
+    def error(self) -> str | None:
+        return self.engine.serve_error
 
     def submit(self, req: Request) -> bool:
         """Queue req (False: the queue is full). Its on_update runs on the engine's thread."""
@@ -83,18 +66,18 @@ class ServingEngine:
         req.on_update = update
         with self.lock:
             self.running.add(id(req))
-        if not self.queue.put(req):
+        if not self.engine.add_request(req):
             with self.lock:
                 self.running.discard(id(req))
             return False
         return True
 
     def metrics(self) -> dict[str, float]:
-        c = self.llm.cache.counters()
+        c = self.engine.counters()
         uptime = max(time.monotonic() - self.started, 1e-9)
         with self.lock:
             in_engine = len(self.running)
-        queued = len(self.queue)
+        queued = self.engine.queued()
         return {
             "requests_running": max(in_engine - queued, 0),
             "requests_queued": queued,
@@ -108,5 +91,4 @@ class ServingEngine:
         }
 
     def shutdown(self) -> None:
-        self.queue.close()
-        self.thread.join(timeout=30)
+        self.engine.stop()

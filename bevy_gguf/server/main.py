@@ -3,28 +3,27 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from bevy_gguf.api import Llama
+from bevy_gguf.config import EngineConfig
+from bevy_gguf.engine.engine import LLMEngine
 from bevy_gguf.server.app import create_app
 from bevy_gguf.server.engine import ServingEngine
 from bevy_gguf.server.types import ServerSettings
 
 
-def serve(model: Path, settings: ServerSettings, n_parallel: int, expert_cache: str, scheduler: str, link: str,
-          n_threads: int) -> int:
+def serve(config: EngineConfig, settings: ServerSettings) -> int:
+    """Serve config's engine over HTTP until interrupted; config.n_ctx is the tokens per request."""
     import uvicorn
 
-    llm = Llama(model, n_parallel=n_parallel, expert_cache=expert_cache, scheduler=scheduler, link=link,
-                n_threads=n_threads, n_ctx=settings.ctx_size)
-    engine = ServingEngine(llm, settings.ctx_size, settings.max_queued)
-    app = create_app(engine, settings)
-    print(f"bevy-gguf: serving {model.name} on http://{settings.host}:{settings.port}/v1 "
-          f"(--parallel {n_parallel}, scheduler {scheduler}, expert cache {llm.cache.budget_bytes / 2**20:.1f} MiB, "
-          f"link: {llm.cache.link_name})", file=sys.stderr, flush=True)
+    engine = LLMEngine(config)
     try:
+        serving = ServingEngine(engine, settings.max_queued)
+        app = create_app(serving, settings)
+        cache = engine.cache
+        print(f"bevy-gguf: serving {config.model.name} on http://{settings.host}:{settings.port}/v1 "
+              f"(--parallel {config.n_parallel}, scheduler {config.scheduler}, expert cache "
+              f"{cache.budget_bytes / 2**20:.1f} MiB, link: {cache.link_name})", file=sys.stderr, flush=True)
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
     finally:
-        engine.shutdown()
-        llm.close()
+        engine.close()
     return 0

@@ -1,14 +1,19 @@
 // bevy-gguf native core: C API of libbevy.
 //
 // libbevy holds what runs on the hot path beside llama.cpp: the bodies of the per-context MoE
-// hook that patches/0001 adds to libllama (llama_set_moe_hook), and, as the backend grows, the
-// expert cache, the upload queue and the links. It does not link libllama: Python hands the
-// function pointers of this library to llama_set_moe_hook.
+// hook that the patch series adds to libllama (llama_set_moe_hook), the expert cache, the upload
+// queue and the links. It does not link libllama: Python hands the function pointers of this
+// library to llama_set_moe_hook.
 //
-// Conventions: opaque handles, every *_new has its *_free, no exceptions cross this boundary,
-// functions returning int32_t return 0 on success and a negative code on failure.
+// Conventions: opaque handles, every *_new has its *_free, no exceptions cross this boundary.
+// Return values: int32_t is a status (0 on success, a negative code on failure, and
+// bevy_last_error() or the hook's last error says why); int64_t is a count (-1 on failure);
+// uint64_t is a counter or a version; bool answers a question; a *_new returns NULL on failure.
+// Each enum, struct and counter is defined here once; the C++ core uses these definitions and
+// the Python bindings check theirs against bevy_abi() when they load.
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -82,10 +87,11 @@ BEVY_API bevy_link * bevy_link_ram_new(const char * path, const uint64_t * offse
 // a token bucket of bytes_per_s over inner, which it takes over (do not free inner)
 BEVY_API bevy_link * bevy_link_throttle_new(bevy_link * inner, double bytes_per_s);
 BEVY_API void        bevy_link_free(bevy_link * link);
-// writes a one-line description (e.g. "emulated 200 MB/s over file (O_DIRECT)"); returns its length
-BEVY_API int32_t     bevy_link_describe(const bevy_link * link, char * buf, int32_t size);
-// 1 when the link is emulated (a throttle), else 0
-BEVY_API int32_t     bevy_link_emulated(const bevy_link * link);
+// writes a one-line description (e.g. "emulated 200 MB/s over file (O_DIRECT)") into buf,
+// truncated to size - 1 bytes; returns the description's full length
+BEVY_API int64_t     bevy_link_describe(const bevy_link * link, char * buf, int64_t size);
+// true when the link is emulated (a throttle)
+BEVY_API bool        bevy_link_emulated(const bevy_link * link);
 // reads so far that went through a bounce buffer: O_DIRECT ones whose offset, size or dst is
 // not 4 KiB aligned (each costs a copy; a model written with general.alignment 4096 has none)
 BEVY_API uint64_t    bevy_link_bounced(const bevy_link * link);
@@ -117,20 +123,30 @@ typedef struct bevy_cache_params {
     uint64_t seed;                        // for BEVY_POLICY_RANDOM
 } bevy_cache_params;
 
+// The counters, X(name, what): per layer unless "totals only"; bevy_counter_name(i) names the
+// i-th, in struct order, so that bindings build their struct from this one list.
+#define BEVY_COUNTERS(X)                                                                        \
+    X(hits,            "distinct experts of a hook call that were resident or in flight")     \
+    X(misses,          "... that had to be loaded")                                           \
+    X(loads,           "loads completed")                                                     \
+    X(bytes_loaded,    "bytes those loads moved")                                             \
+    X(evictions,       "experts evicted to make room")                                        \
+    X(stall_ns,        "time hooks and schedulers waited for loads")                          \
+    X(link_busy_ns,    "time at least one load was in flight (totals only)")                  \
+    X(prefetch_loads,  "loads issued on a prediction (also in loads, bytes_loaded)")          \
+    X(prefetch_hits,   "predicted experts the layer then selected")                           \
+    X(prefetch_wasted, "predicted experts it did not select")                                 \
+    X(prefetch_missed, "selected experts that were not predicted")                            \
+    X(compute_busy_ns, "time at least one gated context computed (totals only)")
+
 typedef struct bevy_counters {
-    uint64_t hits;          // distinct experts of a hook call that were resident or in flight
-    uint64_t misses;        // ... that had to be loaded
-    uint64_t loads;
-    uint64_t bytes_loaded;
-    uint64_t evictions;
-    uint64_t stall_ns;      // time hooks waited for loads
-    uint64_t link_busy_ns;  // time at least one load was in flight (totals only)
-    uint64_t prefetch_loads;  // loads issued on a prediction (also in loads, bytes_loaded)
-    uint64_t prefetch_hits;   // predicted experts the layer then selected
-    uint64_t prefetch_wasted; // predicted experts it did not select
-    uint64_t prefetch_missed; // selected experts that were not predicted
-    uint64_t compute_busy_ns; // time at least one gated context computed (totals only)
+#define BEVY_COUNTER_FIELD(name, what) uint64_t name;
+    BEVY_COUNTERS(BEVY_COUNTER_FIELD)
+#undef BEVY_COUNTER_FIELD
 } bevy_counters;
+
+// the name of counter i (struct order), or NULL past the last
+BEVY_API const char * bevy_counter_name(int32_t i);
 
 typedef struct bevy_cache bevy_cache;
 
@@ -141,7 +157,7 @@ BEVY_API void         bevy_cache_free(bevy_cache * cache);
 // expert e of kind k at layer il lies at offset + e * kind_bytes[k] of the slow tier
 BEVY_API int32_t      bevy_cache_set_source(bevy_cache * cache, int32_t il, int32_t kind, uint64_t offset);
 BEVY_API void *       bevy_cache_slot_data(bevy_cache * cache, int32_t kind);
-// il = -1: totals
+// layer il's counters (il = -1: totals); -1 on a bad layer
 BEVY_API int32_t      bevy_cache_counters(const bevy_cache * cache, int32_t il, bevy_counters * out);
 // slots pinned right now (0 when no graph is running)
 BEVY_API int64_t      bevy_cache_pinned(const bevy_cache * cache);
@@ -171,10 +187,12 @@ BEVY_API const char *  bevy_hook_last_error(const bevy_hook * hook);
 
 // gated contexts computing at once (default 1)
 BEVY_API int32_t bevy_cache_set_concurrency(bevy_cache * cache, int32_t n);
-BEVY_API int32_t bevy_hook_set_gated(bevy_hook * hook, int32_t gated);
-// before each llama_decode of the hook's context: its progress (the token it decodes), and
-// entering the gate; bevy_hook_end after the decode (idempotent: graph done leaves too)
-BEVY_API void    bevy_hook_begin(bevy_hook * hook, int64_t token);
+BEVY_API void    bevy_hook_set_gated(bevy_hook * hook, bool gated);
+// before each llama_decode of the hook's context: its progress (the token it decodes), from
+// which layer on its hits and misses count (0: all; a scheduler that counted earlier layers at
+// bevy_cache_refresh passes the first it did not), and entering the gate; bevy_hook_end after
+// the decode (idempotent: graph done leaves too)
+BEVY_API void    bevy_hook_begin(bevy_hook * hook, int64_t token, int32_t count_from);
 BEVY_API void    bevy_hook_end(bevy_hook * hook);
 
 //
@@ -183,34 +201,54 @@ BEVY_API void    bevy_hook_end(bevy_hook * hook);
 // the absent ones), runs groups of ready requests, and waits for loads when none is ready.
 //
 
+// A request in flight, as a scheduling pass sees it: the layer it computes next and the
+// distinct experts that layer needs (from the lookahead).
+typedef struct bevy_flight {
+    int32_t         layer;      // 0 <= layer < n_layer
+    int32_t         n_experts;
+    const int32_t * experts;    // distinct expert ids of that layer
+    uint64_t        priority;   // of its loads (smaller = sooner: the lagging first)
+    uint8_t         admit;      // reserve its resident experts and queue loads of the absent ones
+    uint8_t         count;      // count its lookups (once per revealed layer)
+    int32_t         absent;     // out: experts it still lacks (queued loads included)
+} bevy_flight;
+
+// What a pass learns beyond its flights.
+typedef struct bevy_pass {
+    uint64_t   version;   // out: the cache's version as the pass began (bevy_cache_wait's since)
+    int32_t    n_layer;   // in: entries of hits and misses to fill (0: none)
+    uint64_t * hits;      // out: per layer, lookups that hit so far (after this pass's)
+    uint64_t * misses;    // out: ... that missed
+} bevy_pass;
+
 // One scheduling pass of an owner (a scheduler sharing the cache, 0 <= owner < 64) over its n
 // flights, under one lock: their layers become the owner's upcoming ones (next-use eviction
 // keeps what every owner's flights need), the owner's earlier reservations are dropped, the
-// resident experts of the admitted flights (admit[i] != 0) are reserved, then their absent
-// ones are queued for loading, in flight order, at priority[i]. A queued load takes (evicts)
-// its slot only when a link worker starts it, and the slot joins the owner's reservations
-// until its next refresh if the owner's latest refresh still admits a flight that needs it
-// (and it did not call bevy_cache_unreserve_all since). Flight i
-// needs experts[offsets[i] .. offsets[i + 1]) (distinct) at layers[i]; with count[i] its
-// lookups are counted. absent[i]: how many it still lacks (queued ones included). 0, or -1
-// (nothing changed) on a bad owner, layer or expert
-BEVY_API int32_t  bevy_cache_refresh(bevy_cache * cache, int32_t owner, int32_t n, const int32_t * layers, const int64_t * offsets,
-                                     const int32_t * experts, const uint8_t * admit, const uint64_t * priority,
-                                     const uint8_t * count, int32_t * absent);
+// resident experts of the admitted flights are reserved, then their absent ones are queued for
+// loading, in flight order, at their priorities. A queued load takes (evicts) its slot only
+// when a link worker starts it, and the slot joins the owner's reservations until its next
+// refresh if the owner's latest refresh still admits a flight that needs it (and it did not
+// call bevy_cache_unreserve_all since). Sets each flight's absent, and pass (may be NULL).
+// 0, or -1 (nothing changed) on a bad owner, layer or expert
+BEVY_API int32_t  bevy_cache_refresh(bevy_cache * cache, int32_t owner, bevy_flight * flights, int32_t n,
+                                     bevy_pass * pass);
 // per layer: lookups that hit and that missed so far
 BEVY_API void     bevy_cache_lookups(const bevy_cache * cache, uint64_t * hits, uint64_t * misses, int32_t n_layer);
 // changes whenever a load completes
 BEVY_API uint64_t bevy_cache_version(const bevy_cache * cache);
-// wait until the version differs from since (0) or timeout_ms passed (1); counted as stall at il
-BEVY_API int32_t  bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, int32_t il);
+// wait until the version differs from since or timeout_ms passed (counted as stall at il);
+// returns the version then (since itself: the wait timed out)
+BEVY_API uint64_t bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, int32_t il);
 // drop every reservation the owner's bevy_cache_refresh made (its queued loads then take their
 // slots unreserved)
 BEVY_API void     bevy_cache_unreserve_all(bevy_cache * cache, int32_t owner);
-// count hits and misses in the hook (default), or not, or only from layer from_layer on (the
-// scheduler counted the layers before at bevy_cache_refresh)
-BEVY_API int32_t  bevy_hook_set_counting(bevy_hook * hook, int32_t on, int32_t from_layer);
-// the selection of the last route-only call: rows of k ids in batch order; *il its layer
-BEVY_API int64_t  bevy_hook_routed(const bevy_hook * hook, int32_t * out, int64_t max_rows, int32_t * il);
+// The selection of the last route-only call, as the distinct experts of groups of rows:
+// group g is rows [row_ends[g - 1], row_ends[g]) (row_ends[-1] = 0) in batch order; its
+// distinct experts, ascending, go to experts[offsets[g] .. offsets[g + 1]) (offsets has
+// n_groups + 1 entries; experts room for max_experts). *il: that call's layer. Returns the
+// experts written, or -1 when the rows or the room do not match the call
+BEVY_API int64_t  bevy_hook_routed(const bevy_hook * hook, const int32_t * row_ends, int32_t n_groups,
+                                   int32_t * experts, int64_t * offsets, int64_t max_experts, int32_t * il);
 
 //
 // Events, for timelines: off until bevy_cache_trace(cache, max_events) (0 turns them off).
@@ -245,7 +283,7 @@ BEVY_API int64_t bevy_now_ns(void);
 
 // layer il's router weights [n_expert][n_embd] (copied)
 BEVY_API int32_t bevy_cache_set_router(bevy_cache * cache, int32_t il, const float * weights, int32_t n_embd);
-BEVY_API int32_t bevy_hook_set_prefetch(bevy_hook * hook, int32_t enable);
+BEVY_API void    bevy_hook_set_prefetch(bevy_hook * hook, bool enable);
 
 //
 // Replay: the hit count of a policy on a recorded access sequence, with the live cache's code.
@@ -255,3 +293,11 @@ BEVY_API int32_t bevy_hook_set_prefetch(bevy_hook * hook, int32_t enable);
 
 BEVY_API int64_t bevy_replay(int32_t policy, int32_t n_layer, int32_t n_expert, int64_t n_slots, uint64_t seed,
                              const int32_t * layers, const int64_t * offsets, const int32_t * experts, int64_t n_steps);
+
+//
+// ABI: what the bindings check at load. `what` is "sizeof:TYPE", "offsetof:TYPE.FIELD" (the
+// structs above) or the name of a constant (BEVY_MAX_KINDS, BEVY_POLICY_*, BEVY_EVENT_*);
+// returns its value, or -1 for a name it does not know.
+//
+
+BEVY_API int64_t bevy_abi(const char * what);

@@ -1,6 +1,8 @@
 // EventLog: what contexts and the link did over time, for timelines (off unless enabled).
 #pragma once
 
+#include "bevy.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -9,20 +11,11 @@
 
 namespace bevy {
 
-enum EventKind : int32_t {
-    kEventWait    = 0, // a context waits for its experts (or for the compute gate) at a layer
-    kEventCompute = 1, // a context computes a layer (from its experts' arrival to the next layer)
-    kEventLoad    = 2, // a link transfer of one expert (context = upload worker)
-};
-
-struct Event {
-    int32_t kind;
-    int32_t context;
-    int32_t layer;
-    int32_t expert;
-    int64_t t0_ns; // steady clock (CLOCK_MONOTONIC), as Python's time.perf_counter_ns / monotonic_ns
-    int64_t t1_ns;
-};
+// the kinds (BEVY_EVENT_*) and the record (bevy_event) are bevy.h's
+constexpr int32_t kEventWait    = BEVY_EVENT_WAIT;
+constexpr int32_t kEventCompute = BEVY_EVENT_COMPUTE;
+constexpr int32_t kEventLoad    = BEVY_EVENT_LOAD;
+using Event = bevy_event;
 
 inline int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(

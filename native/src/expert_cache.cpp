@@ -304,24 +304,26 @@ bool ExpertCache::assign_deferred(LoadJob & job) {
     return true;
 }
 
-int32_t ExpertCache::refresh(int32_t owner, int32_t n, const int32_t * layers, const int64_t * offsets, const int32_t * experts,
-                             const uint8_t * admit, const uint64_t * priority, const uint8_t * count,
-                             int32_t * absent) {
-    if (owner < 0 || owner >= kMaxOwners) {
+int32_t ExpertCache::refresh(int32_t owner, bevy_flight * flights, int32_t n, bevy_pass * pass) {
+    if (owner < 0 || owner >= kMaxOwners || n < 0) {
         return -1;
     }
     for (int32_t i = 0; i < n; ++i) { // validate first: a bad id changes nothing
-        if (layers[i] < 0 || layers[i] >= cfg_.n_layer || offsets[i] > offsets[i + 1]) {
+        const bevy_flight & f = flights[i];
+        if (f.layer < 0 || f.layer >= cfg_.n_layer || f.n_experts < 0 || (f.n_experts > 0 && !f.experts)) {
             return -1;
         }
-        for (int64_t j = offsets[i]; j < offsets[i + 1]; ++j) {
-            if (experts[j] < 0 || experts[j] >= cfg_.n_expert) {
+        for (int32_t j = 0; j < f.n_experts; ++j) {
+            if (f.experts[j] < 0 || f.experts[j] >= cfg_.n_expert) {
                 return -1;
             }
         }
     }
     {
         std::lock_guard<std::mutex> lock(mutex_);
+        if (pass) {
+            pass->version = version_;
+        }
         if ((size_t) owner >= reserved_.size()) {
             reserved_.resize(owner + 1);
             holding_.resize(owner + 1);
@@ -329,7 +331,11 @@ int32_t ExpertCache::refresh(int32_t owner, int32_t n, const int32_t * layers, c
             upcoming_by_.resize(owner + 1);
         }
         holding_[owner] = 1;
-        upcoming_by_[owner].assign(layers, layers + n);
+        std::vector<int32_t> & upcoming = upcoming_by_[owner];
+        upcoming.clear();
+        for (int32_t i = 0; i < n; ++i) {
+            upcoming.push_back(flights[i].layer);
+        }
         upcoming_.clear();
         for (const auto & u : upcoming_by_) {
             upcoming_.insert(upcoming_.end(), u.begin(), u.end());
@@ -337,8 +343,8 @@ int32_t ExpertCache::refresh(int32_t owner, int32_t n, const int32_t * layers, c
         std::vector<int32_t> & wanted = wanted_[owner];
         wanted.clear();
         for (int32_t i = 0; i < n; ++i) {
-            for (int64_t j = offsets[i]; admit[i] && j < offsets[i + 1]; ++j) {
-                wanted.push_back(layers[i] * cfg_.n_expert + experts[j]);
+            for (int32_t j = 0; flights[i].admit && j < flights[i].n_experts; ++j) {
+                wanted.push_back(flights[i].layer * cfg_.n_expert + flights[i].experts[j]);
             }
         }
         std::sort(wanted.begin(), wanted.end());
@@ -350,8 +356,8 @@ int32_t ExpertCache::refresh(int32_t owner, int32_t n, const int32_t * layers, c
         reserved.clear();
         // hold what the admitted flights have, then load what they lack (never evicting the held)
         for (int32_t i = 0; i < n; ++i) {
-            for (int64_t j = offsets[i]; admit[i] && j < offsets[i + 1]; ++j) {
-                const int64_t s = dir_.find(layers[i], experts[j]);
+            for (int32_t j = 0; flights[i].admit && j < flights[i].n_experts; ++j) {
+                const int64_t s = dir_.find(flights[i].layer, flights[i].experts[j]);
                 if (s >= 0) {
                     dir_.pin(s);
                     pinned_++;
@@ -360,14 +366,20 @@ int32_t ExpertCache::refresh(int32_t owner, int32_t n, const int32_t * layers, c
             }
         }
         for (int32_t i = 0; i < n; ++i) {
-            if (admit[i]) {
-                query_locked(layers[i], experts + offsets[i], (int32_t) (offsets[i + 1] - offsets[i]), priority[i],
-                             true, count[i] != 0, owner);
+            const bevy_flight & f = flights[i];
+            if (f.admit) {
+                query_locked(f.layer, f.experts, f.n_experts, f.priority, true, f.count != 0, owner);
             }
         }
         for (int32_t i = 0; i < n; ++i) { // after every load started: who still lacks experts
-            absent[i] = query_locked(layers[i], experts + offsets[i], (int32_t) (offsets[i + 1] - offsets[i]), 0,
-                                     false, count[i] != 0 && !admit[i]);
+            bevy_flight & f = flights[i];
+            f.absent = query_locked(f.layer, f.experts, f.n_experts, 0, false, f.count != 0 && !f.admit);
+        }
+        if (pass) {
+            for (int32_t il = 0; il < pass->n_layer && il < cfg_.n_layer; ++il) {
+                pass->hits[il]   = layer_counters_[il].hits;
+                pass->misses[il] = layer_counters_[il].misses;
+            }
         }
     }
     changed_.notify_all(); // dropped reservations may free slots a waiter needs
@@ -417,18 +429,11 @@ Counters ExpertCache::counters(int32_t il) const {
     if (il >= 0) {
         return il < cfg_.n_layer ? layer_counters_[il] : Counters{};
     }
-    Counters total;
+    Counters total{};
     for (const auto & c : layer_counters_) {
-        total.hits += c.hits;
-        total.misses += c.misses;
-        total.loads += c.loads;
-        total.bytes_loaded += c.bytes_loaded;
-        total.evictions += c.evictions;
-        total.stall_ns += c.stall_ns;
-        total.prefetch_loads += c.prefetch_loads;
-        total.prefetch_hits += c.prefetch_hits;
-        total.prefetch_wasted += c.prefetch_wasted;
-        total.prefetch_missed += c.prefetch_missed;
+#define BEVY_ADD_COUNTER(name, what) total.name += c.name;
+        BEVY_COUNTERS(BEVY_ADD_COUNTER)
+#undef BEVY_ADD_COUNTER
     }
     return total;
 }

@@ -1,6 +1,7 @@
 // ExpertCache: a byte budget of slots in fast memory, filled over a link by an upload queue.
 #pragma once
 
+#include "bevy.h"
 #include "compute_gate.hpp"
 #include "event_log.hpp"
 #include "links.hpp"
@@ -16,7 +17,7 @@
 
 namespace bevy {
 
-constexpr int32_t kMaxKinds = 8;
+constexpr int32_t kMaxKinds = BEVY_MAX_KINDS;
 constexpr int32_t kMaxOwners = 64; // schedulers sharing one cache
 
 struct CacheConfig {
@@ -31,18 +32,8 @@ struct CacheConfig {
     uint64_t seed            = 0;
 };
 
-struct Counters {
-    uint64_t hits         = 0; // unique experts of a hook call found resident (or in flight)
-    uint64_t misses       = 0; // ... that had to be loaded
-    uint64_t loads        = 0;
-    uint64_t bytes_loaded = 0;
-    uint64_t evictions    = 0;
-    uint64_t stall_ns     = 0; // time hooks waited for loads
-    uint64_t prefetch_loads  = 0; // loads issued on a prediction
-    uint64_t prefetch_hits   = 0; // predicted experts the layer then used
-    uint64_t prefetch_wasted = 0; // predicted experts it did not use
-    uint64_t prefetch_missed = 0; // used experts that were not predicted
-};
+// bevy.h's counters (BEVY_COUNTERS); a default-constructed one is all zeros
+using Counters = bevy_counters;
 
 // what a hook needs the cache to do at one layer
 struct AcquireRequest {
@@ -99,8 +90,7 @@ public:
     // ones queued (in order, at their priorities; each takes its slot when the link starts it,
     // see assign_deferred), and absent[i] says how many experts flight i still lacks. -1 on a
     // bad owner, layer or expert id.
-    int32_t refresh(int32_t owner, int32_t n, const int32_t * layers, const int64_t * offsets, const int32_t * experts,
-                    const uint8_t * admit, const uint64_t * priority, const uint8_t * count, int32_t * absent);
+    int32_t refresh(int32_t owner, bevy_flight * flights, int32_t n, bevy_pass * pass);
 
     // per layer: lookups found resident and lookups that missed, so far
     void lookups(uint64_t * hits, uint64_t * misses, int32_t n_layer) const;

@@ -4,16 +4,19 @@
 // cache and the trace replay run the same code, so a replayed hit rate is the live one.
 #pragma once
 
+#include "bevy.h"
+
 #include <cstdint>
 #include <random>
 #include <vector>
 
 namespace bevy {
 
+// the eviction policies of bevy.h (enum bevy_policy)
 enum class Policy : int32_t {
-    Lru     = 0, // reference: least recently used
-    NextUse = 1, // default: evict the expert whose estimated next use is furthest away
-    Random  = 2, // for stress tests
+    Lru     = BEVY_POLICY_LRU,      // reference: least recently used
+    NextUse = BEVY_POLICY_NEXT_USE, // default: evict the expert whose estimated next use is furthest away
+    Random  = BEVY_POLICY_RANDOM,   // for stress tests
 };
 
 enum class SlotState : uint8_t { Empty, Loading, Ready };

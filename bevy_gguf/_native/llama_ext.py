@@ -1,0 +1,67 @@
+"""Bindings of the patched libllama's extensions (patches/): the MoE hook, the expert cache's
+slots, lazy experts and layer-range decode.
+
+One binding per C function, its prototype in the docstring. The symbols live in the libllama
+that llama_cpp loaded (the patched build; bevy_gguf._native.loader chooses it), so each is bound
+on first use; on the stock build the first use is one clear error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, c_bool, c_char_p, c_int32, c_size_t, c_void_p
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+from bevy_gguf.errors import BevyError
+
+
+class LlamaMoeCacheTensor(ctypes.Structure):
+    """llama_moe_cache_tensor: one kind's slots (e.g. "gate" and its bytes) for llama_set_moe_cache."""
+
+    _fields_ = [("kind", c_char_p), ("data", c_void_p), ("nbytes", c_size_t)]
+
+
+@cache
+def _symbol(llama_cpp: ModuleType, name: str, argtypes: tuple[Any, ...], restype: Any) -> Any:
+    try:
+        fn = getattr(llama_cpp.llama_cpp._lib, name)
+    except AttributeError:
+        raise BevyError(f"the loaded libllama has no {name}: this needs the patched build") from None
+    fn.argtypes, fn.restype = list(argtypes), restype
+    return fn
+
+
+def set_moe_hook(llama_cpp: ModuleType, ctx: int, fn: int | None, user_data: Any,
+                 want_router_in: bool = False) -> None:
+    """void llama_set_moe_hook(llama_context * ctx, llama_moe_hook_fn fn, void * user_data, bool want_router_in);
+
+    fn None removes the hook."""
+    _symbol(llama_cpp, "llama_set_moe_hook", (c_void_p, c_void_p, c_void_p, c_bool), None)(
+        ctx, fn, user_data, want_router_in)
+
+
+def set_moe_cache(llama_cpp: ModuleType, ctx: int, tensors: ctypes.Array, n_slots: int) -> int:
+    """int32_t llama_set_moe_cache(llama_context * ctx, const llama_moe_cache_tensor * tensors,
+                                   int32_t n_tensors, int32_t n_slots);
+
+    0, or non-zero when the model's experts do not match the tensors (llama.cpp's log says why)."""
+    fn = _symbol(llama_cpp, "llama_set_moe_cache", (c_void_p, POINTER(LlamaMoeCacheTensor), c_int32, c_int32), c_int32)
+    return fn(ctx, tensors, len(tensors), n_slots)
+
+
+def set_lazy_experts(llama_cpp: ModuleType, lazy: bool) -> None:
+    """void llama_moe_set_lazy_experts(bool lazy);
+
+    Models loaded from now on leave their routed experts unread (the cache serves them)."""
+    _symbol(llama_cpp, "llama_moe_set_lazy_experts", (c_bool,), None)(lazy)
+
+
+def decode_layers_fn(llama_cpp: ModuleType) -> Any:
+    """int32_t llama_decode_layers(llama_context * ctx, llama_batch batch, int32_t il_begin, int32_t il_end,
+                                   bool lookahead, bool reuse);
+
+    0, or llama_decode's codes (negative: the graph failed, e.g. its hook did)."""
+    return _symbol(llama_cpp, "llama_decode_layers", (c_void_p, llama_cpp.llama_batch, c_int32, c_int32, c_bool,
+                                                       c_bool), c_int32)

@@ -1,0 +1,297 @@
+"""The `bevy-gguf` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bevy_gguf.config import ENGINES, EVICTIONS, FLASH_ATTN, EngineConfig, physical_cores
+from bevy_gguf.engine.registry import DEFAULT_SCHEDULER, help_text, scheduler_names
+from bevy_gguf.errors import BevyError
+from bevy_gguf.synth.spec import ARCHS, DTYPES, ModelSpec
+
+DEFAULT = ModelSpec()
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors in one line, naming the fix (no usage dump)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def positive(name: str):  # noqa: ANN201 - an argparse type
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {n}")
+        return n
+    return parse
+
+
+def cmd_make_model(args: argparse.Namespace) -> int:
+    from bevy_gguf.gguf_info import inspect_model
+    from bevy_gguf.synth import make_model
+
+    spec = ModelSpec(arch=args.arch, layers=args.layers, experts=args.experts, top_k=args.top_k,
+                     embd=args.embd, ff=args.ff, dtype=args.dtype, seed=args.seed)
+    out = make_model(spec, Path(args.out), progress=sys.stderr.isatty())
+    info = inspect_model(out)
+    print(f"{out}: {spec.key}, {info.file_bytes / 1e6:.1f} MB, routed experts {info.expert_bytes / 1e6:.1f} MB")
+    return 0
+
+
+def _requests_maker(args: argparse.Namespace):  # noqa: ANN202
+    from bevy_gguf.workload.prompts import fit_context, gather_prompts, generation_requests, workload_requests
+
+    if args.workload:
+        n = args.requests or 8
+        make = lambda model: workload_requests(model, n, args.prompt_tokens, args.max_tokens - 1,  # noqa: E731
+                                               forced=False)
+    else:
+        prompts = gather_prompts(args.prompt, Path(args.prompts) if args.prompts else None)
+        if not prompts:
+            raise BevyError("no prompts: give -p TEXT, --prompts FILE, --workload text, or pipe prompts on stdin")
+        make = lambda model: generation_requests(model, prompts, args.max_tokens)  # noqa: E731
+    if args.ctx_size is None:
+        return make
+    return lambda model: fit_context(make(model), args.ctx_size)
+
+
+def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig:
+    """The EngineConfig of a command's engine options (add_engine_args)."""
+    values = dict(model=Path(args.model), engine=getattr(args, "engine", "bevy"), scheduler=args.scheduler,
+                  n_parallel=args.parallel, n_threads=args.threads, n_ctx=getattr(args, "ctx_size", None),
+                  flash_attn=args.flash_attn, expert_cache=args.expert_cache, link=args.link,
+                  eviction=args.eviction, link_workers=args.link_workers, wait_timeout_s=args.wait_timeout)
+    return EngineConfig(**(values | overrides))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from bevy_gguf.cli.progress import LiveProgress
+    from bevy_gguf.engine.run_result import run_requests
+
+    make_requests = _requests_maker(args)
+    live = not args.json and sys.stderr.isatty()
+    config = engine_config(args)
+    result = run_requests(config, make_requests, progress=LiveProgress if live else None)
+    if args.json:
+        print(json.dumps(result.to_json(), ensure_ascii=False))
+        return 0
+    for i, (req, text) in enumerate(zip(result.requests, result.texts)):
+        print(f"--- request {i} ({len(req.prompt_tokens)} prompt tokens, {len(req.tokens)} generated)")
+        print(f"{req.prompt}\u2192{text}")
+    print(f"{'request':>7} {'prompt':>6} {'tokens':>6} {'ttft ms':>8}  finish")
+    for i, req in enumerate(result.requests):
+        ttft = f"{req.ttft_s * 1e3:8.1f}" if req.ttft_s is not None else f"{'-':>8}"
+        print(f"{i:>7} {len(req.prompt_tokens):>6} {len(req.tokens):>6} {ttft}  {req.error or req.finish_reason}")
+    s = result.stats
+    print(f"engine {config.engine}, parallel {config.n_parallel}: {s.decode_tokens} decode tokens in "
+          f"{s.decode_s:.3f} s = {s.tok_per_s:.1f} tok/s; prefill {s.prefill_tokens} tokens in {s.prefill_s:.3f} s; "
+          f"{config.n_threads} threads")
+    if result.cache is not None:
+        print_cache_summary(result.cache)
+    return 0
+
+
+def print_cache_summary(cache: dict) -> None:
+    from bevy_gguf.engine.stats import hit_rate
+
+    print(f"scheduler {cache['scheduler']}, expert cache {cache['bytes'] / 2**20:.1f} MiB = {cache['slots']} slots, "
+          f"micro-batch {cache['micro_batch']} tokens, link: {cache['link']}")
+    print(f"{'layer':>5} {'hits':>7} {'misses':>7} {'hit%':>6} {'MB loaded':>10} {'stall s':>8}")
+    for il, c in enumerate(cache["layers"]):
+        print(f"{il:>5} {c['hits']:>7} {c['misses']:>7} {100 * hit_rate(c):>6.1f} {c['bytes_loaded'] / 1e6:>10.1f} "
+              f"{c['stall_ns'] / 1e9:>8.3f}")
+    for name, c in (("total", cache["total"]), ("decode", cache["decode"])):
+        print(f"{name:>5} {c.get('hits', 0):>7} {c.get('misses', 0):>7} {100 * hit_rate(c):>6.1f} "
+              f"{c.get('bytes_loaded', 0) / 1e6:>10.1f} {c.get('stall_ns', 0) / 1e9:>8.3f}"
+              + (f"  link busy {c['link_busy_ns'] / 1e9:.3f} s" if "link_busy_ns" in c else ""))
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from bevy_gguf.analysis.trace import run_trace
+
+    sizes = [x for x in (args.expert_cache or "").split(",") if x]
+    return run_trace(Path(args.model), n_requests=args.requests, prompt_tokens=args.prompt_tokens,
+                     steps=args.steps, n_threads=args.threads, as_json=args.json, cache_sizes=sizes)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from bevy_gguf.bench.harness import BenchConfig, run_bench
+    from bevy_gguf.bench.report import markdown, public_json, write_outputs
+
+    caches = [args.expert_cache]
+    if args.sweep:
+        key, _, values = args.sweep.partition("=")
+        if key != "cache" or not values:
+            raise BevyError(f"--sweep {args.sweep}: write it as cache=25%,50%,90%")
+        caches = [v for v in values.split(",") if v]
+    cfg = BenchConfig(model=Path(args.model), parallel=args.parallel, requests=args.requests or args.parallel,
+                      prompt_tokens=args.prompt_tokens, steps=args.steps, threads=args.threads, link=args.link,
+                      eviction=args.eviction, repeats=args.repeats,
+                      systems=[s for s in args.systems.split(",") if s], caches=caches, workload=args.workload,
+                      timeline=bool(args.out))
+    from bevy_gguf.gguf_info import inspect_model
+
+    inspect_model(cfg.model)
+    report = run_bench(cfg, progress=sys.stderr.isatty() and not args.json)
+    command = "bevy-gguf " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("bevy-gguf") else "bevy-gguf bench ..."
+    if args.out:
+        for path in write_outputs(report, Path(args.out), command):
+            print(f"wrote {path}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(public_json(report)))
+    else:
+        print(markdown(report, command))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from bevy_gguf.server.main import serve
+    from bevy_gguf.server.types import ServerSettings
+
+    config = engine_config(args)
+    settings = ServerSettings(host=args.host, port=args.port, api_key=args.api_key, ctx_size=config.n_ctx,
+                              max_queued=args.max_queued, model_alias=args.alias)
+    return serve(config, settings)
+
+
+def add_model_arg(p: argparse.ArgumentParser) -> None:
+    """The model, positional or as llama.cpp spells it (-m/--model)."""
+    p.add_argument("model_pos", nargs="?", metavar="MODEL.gguf")
+    p.add_argument("-m", "--model", dest="model_opt", metavar="MODEL.gguf", help="the model (or give it positionally)")
+    p.set_defaults(subparser=p)
+
+
+def resolve_model(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    given = [m for m in (args.model_pos, args.model_opt) if m]
+    if len(given) != 1:
+        p.error("give the model once: bevy-gguf COMMAND MODEL.gguf (or -m MODEL.gguf)")
+    args.model = given[0]
+
+
+def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: bool = True) -> None:
+    """The options of EngineConfig, with llama.cpp's spellings where llama.cpp has them."""
+    p.add_argument("-np", "--parallel", type=positive("--parallel"), default=8, help=parallel_help)
+    p.add_argument("-t", "--threads", type=positive("--threads"), default=physical_cores(),
+                   help="threads (default: this machine's physical cores, %(default)s)")
+    p.add_argument("-fa", "--flash-attn", choices=list(FLASH_ATTN), default="auto",
+                   help="flash attention, as llama.cpp's -fa (default auto)")
+    if scheduler:
+        p.add_argument("--scheduler", choices=scheduler_names(), default=DEFAULT_SCHEDULER, help=help_text())
+    p.add_argument("--expert-cache", default="25%", metavar="SIZE",
+                   help="cache size: a percentage of the routed expert bytes (25%%) or a size (512MiB)")
+    p.add_argument("--link", default="file", help="file (O_DIRECT from the GGUF), ram, or throttle:RATE[:file|ram] "
+                                                  "(an emulated link, reported as such)")
+    p.add_argument("--eviction", choices=EVICTIONS, default="next-use")
+    p.add_argument("--link-workers", type=positive("--link-workers"), default=4,
+                   help="upload threads (several reads in flight keep a disk busier)")
+    p.add_argument("--wait-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="a decode waiting longer for experts fails with an error")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(prog="bevy-gguf", description="Serve concurrent requests on MoE GGUF models "
+                                 "whose experts do not fit in fast memory.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    mm = sub.add_parser("make-model", help="generate a MoE GGUF with realistic routing (cached by parameters)")
+    mm.add_argument("out", metavar="OUT.gguf")
+    mm.add_argument("--arch", choices=ARCHS, default=DEFAULT.arch)
+    mm.add_argument("--layers", type=int, default=DEFAULT.layers)
+    mm.add_argument("--experts", type=int, default=DEFAULT.experts)
+    mm.add_argument("--top-k", type=int, default=DEFAULT.top_k)
+    mm.add_argument("--embd", type=int, default=DEFAULT.embd)
+    mm.add_argument("--ff", type=int, default=DEFAULT.ff)
+    mm.add_argument("--dtype", choices=DTYPES, default=DEFAULT.dtype)
+    mm.add_argument("--seed", type=int, default=DEFAULT.seed)
+    mm.set_defaults(func=cmd_make_model)
+
+    run = sub.add_parser("run", help="decode prompts concurrently and print the texts")
+    add_model_arg(run)
+    run.add_argument("-p", "--prompt", action="append", help="a prompt (repeatable)")
+    run.add_argument("--prompts", metavar="FILE", help="a UTF-8 file, one prompt per line")
+    run.add_argument("--workload", choices=["text"], help="take prompts from the text workload")
+    run.add_argument("--requests", type=positive("--requests"), help="requests of --workload (default 8)")
+    run.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=16)
+    run.add_argument("-n", "--n-predict", "--max-tokens", dest="max_tokens", type=positive("--n-predict"), default=48,
+                     help="tokens to generate per request")
+    run.add_argument("--engine", choices=ENGINES, default="bevy",
+                     help="bevy: patched llama.cpp, experts served from a bounded cache; "
+                          "stock: unpatched llama.cpp, one context, --parallel sequences per batch")
+    run.add_argument("-c", "--ctx-size", type=positive("--ctx-size"),
+                     help="tokens per request (prompt + output; default: what the requests need)")
+    add_engine_args(run, "sequences decoded at once")
+    run.add_argument("--json", action="store_true", help="print the run document (docs/cli.md)")
+    run.set_defaults(func=cmd_run)
+
+    be = sub.add_parser("bench", help="A/B benchmark against stock llama.cpp, side by side in one invocation")
+    add_model_arg(be)
+    be.add_argument("-np", "--parallel", type=positive("--parallel"), default=8)
+    be.add_argument("--requests", type=positive("--requests"), help="requests (default: --parallel)")
+    be.add_argument("--expert-cache", default="25%", metavar="SIZE", help="the cache point without --sweep")
+    be.add_argument("--sweep", metavar="cache=A,B,...", help="cache points, e.g. cache=25%%,50%%,75%%,90%%,100%%")
+    be.add_argument("--systems", default="stock-resident,stock-offload,blocking,prefetch,bevy-ctx,bevy")
+    be.add_argument("--link", default="file")
+    be.add_argument("--eviction", choices=EVICTIONS, default="next-use")
+    be.add_argument("--repeats", type=positive("--repeats"), default=3)
+    be.add_argument("--workload", choices=["text", "generate"], default="text",
+                    help="text: teacher-forced workload texts; generate: greedy generation")
+    be.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=16)
+    be.add_argument("--steps", type=positive("--steps"), default=64)
+    be.add_argument("-t", "--threads", type=positive("--threads"), default=physical_cores(),
+                    help="threads (default: this machine's physical cores, %(default)s)")
+    be.add_argument("--out", metavar="DIR", help="write report.md, report.json, throughput.png, timeline.json")
+    be.add_argument("--json", action="store_true", help="print report.json")
+    be.set_defaults(func=cmd_bench)
+
+    sv = sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching over the bevy engine)")
+    add_model_arg(sv)
+    add_engine_args(sv, "requests decoded at once")
+    sv.add_argument("--host", default="127.0.0.1", help="default: loopback only")
+    sv.add_argument("--port", type=int, default=8080)
+    sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    sv.add_argument("-c", "--ctx-size", type=positive("--ctx-size"), default=2048,
+                    help="tokens per request (prompt + completion)")
+    sv.add_argument("--max-queued", type=positive("--max-queued"), default=128,
+                    help="requests waiting beyond --parallel; more are answered 503")
+    sv.add_argument("--alias", help="the model id that /v1/models shows")
+    sv.set_defaults(func=cmd_serve)
+
+    tr = sub.add_parser("trace", help="record routing on the text workload and print its statistics")
+    add_model_arg(tr)
+    tr.add_argument("--workload", choices=["text"], default="text")
+    tr.add_argument("--requests", type=positive("--requests"), default=8)
+    tr.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=16)
+    tr.add_argument("--steps", type=positive("--steps"), default=64)
+    tr.add_argument("-t", "--threads", type=positive("--threads"), default=physical_cores())
+    tr.add_argument("--expert-cache", metavar="SIZES",
+                    help="replay the routing against lru, next-use and Belady at these cache sizes (25%%,75%%)")
+    tr.add_argument("--json", action="store_true")
+    tr.set_defaults(func=cmd_trace)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if hasattr(args, "model_pos"):
+        resolve_model(args.subparser, args)
+    try:
+        return args.func(args)
+    except BevyError as e:
+        print(f"bevy-gguf: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bevy-gguf: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

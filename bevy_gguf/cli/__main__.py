@@ -1,0 +1,5 @@
+import sys
+
+from bevy_gguf.cli import main
+
+sys.exit(main())

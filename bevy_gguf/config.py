@@ -1,0 +1,152 @@
+"""One EngineConfig holds everything a run needs; the CLI, `Llama` and the server build it.
+
+Values are checked when the config is made (`__post_init__`), each failure a BevyError that
+names the setting and the fix; what depends on the model (the cache size of `25%`) is resolved
+when the engine opens it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from bevy_gguf.errors import BevyError
+
+ENGINES = ("bevy", "stock")
+EVICTIONS = ("next-use", "lru", "random")
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # LLAMA_FLASH_ATTN_TYPE_*
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (llama.cpp's default thread count): one per set
+    of hyper-thread siblings among the CPUs of its affinity mask."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:
+        try:
+            path = f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
+            cores.add(Path(path).read_text().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, len(cores))
+
+
+def parse_cache_size(text: str, expert_bytes: int) -> int:
+    """`25%` (of the routed expert bytes), `512MiB`, `1.5GB` or plain bytes -> bytes."""
+    t = text.strip()
+    if t.endswith("%"):
+        try:
+            pct = float(t[:-1])
+        except ValueError:
+            pct = -1.0
+        if not 0 < pct <= 100:
+            raise BevyError(f"--expert-cache {text}: a percentage must lie in (0, 100]")
+        return int(expert_bytes * pct / 100)
+    m = _SIZE.match(t)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise BevyError(f"--expert-cache {text}: give a percentage of the expert bytes (25%) or a size (512MiB, 2GB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_rate(text: str) -> float:
+    """`200MB/s`, `2GB/s` (decimal units) -> bytes per second."""
+    m = _SIZE.match(text.removesuffix("/s").removesuffix("/S"))
+    unit = m.group(2).lower() if m else ""
+    if not m or not text.lower().endswith("/s") or unit not in _UNITS or "i" in unit:
+        raise BevyError(f"link rate {text!r}: write it like 200MB/s or 2GB/s (decimal units)")
+    rate = float(m.group(1)) * _UNITS[unit]
+    if rate <= 0:
+        raise BevyError(f"link rate {text!r} must be positive")
+    return rate
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSpec:
+    """`file`, `ram`, or `throttle:RATE[:file|ram]` (a token bucket, reported as emulated)."""
+
+    base: str                 # file | ram
+    rate: float | None = None  # bytes/s of the throttle, None for none
+
+    @classmethod
+    def parse(cls, text: str) -> LinkSpec:
+        parts = text.split(":")
+        if parts[0] in ("file", "ram") and len(parts) == 1:
+            return cls(parts[0])
+        if parts[0] == "throttle" and len(parts) in (2, 3):
+            base = parts[2] if len(parts) == 3 else "file"
+            if base not in ("file", "ram"):
+                raise BevyError(f"--link {text}: a throttle goes over file or ram, not {base!r}")
+            return cls(base, parse_rate(parts[1]))
+        raise BevyError(f"--link {text}: choose file, ram, or throttle:RATE[:file|ram] (e.g. throttle:200MB/s)")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything one engine needs. `engine="stock"` runs unpatched llama.cpp (one context,
+    n_parallel sequences per batch) and ignores the offload settings."""
+
+    model: Path
+    engine: str = "bevy"                 # bevy | stock
+    scheduler: str = "bevy"              # see engine/registry.py
+    n_parallel: int = 8                  # sequences decoded at once
+    n_threads: int = field(default_factory=physical_cores)
+    n_ctx: int | None = None             # tokens per sequence (prompt + output); None: sized to the requests
+    flash_attn: str = "auto"             # auto | on | off (llama.cpp's -fa)
+    expert_cache: str = "25%"            # a share of the routed expert bytes, or a size
+    link: str = "file"                   # file | ram | throttle:RATE[:file|ram]
+    eviction: str = "next-use"
+    link_workers: int = 4                # upload threads
+    wait_timeout_s: float = 300.0        # a decode waiting longer for experts fails
+    seed: int = 0                        # of the random eviction policy
+    # device options (where the expert cache lives) join here; today it is host memory
+
+    def __post_init__(self) -> None:
+        from bevy_gguf.engine.registry import scheduler_names
+
+        object.__setattr__(self, "model", Path(self.model))
+        if self.engine not in ENGINES:
+            raise BevyError(f"unknown engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
+        if self.scheduler not in scheduler_names():
+            raise BevyError(f"unknown scheduler {self.scheduler!r}: choose one of {', '.join(scheduler_names())}")
+        for name in ("n_parallel", "n_threads", "link_workers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise BevyError(f"{name} must be an integer, got {value!r}")
+            if value < 1:
+                raise BevyError(f"{name} must be at least 1, got {value}")
+        if self.n_ctx is not None and (not isinstance(self.n_ctx, int) or self.n_ctx < 2):
+            raise BevyError(f"n_ctx must be an integer of at least 2, got {self.n_ctx!r}")
+        if self.flash_attn not in FLASH_ATTN:
+            raise BevyError(f"flash_attn {self.flash_attn!r}: choose one of {', '.join(FLASH_ATTN)}")
+        if self.eviction not in EVICTIONS:
+            raise BevyError(f"unknown eviction policy {self.eviction!r}: choose one of {', '.join(EVICTIONS)}")
+        if not self.wait_timeout_s > 0:
+            raise BevyError(f"the wait timeout must be positive, got {self.wait_timeout_s!r} s")
+        parse_cache_size(self.expert_cache, 1 << 40)  # the syntax; the size needs the model
+        LinkSpec.parse(self.link)
+
+    @property
+    def link_spec(self) -> LinkSpec:
+        return LinkSpec.parse(self.link)
+
+    @property
+    def flash_attn_type(self) -> int:
+        return FLASH_ATTN[self.flash_attn]
+
+    def cache_bytes(self, expert_bytes: int) -> int:
+        """The expert cache's budget for a model with expert_bytes of routed experts."""
+        return parse_cache_size(self.expert_cache, expert_bytes)
+
+    @classmethod
+    def from_kwargs(cls, model: str | Path, **kwargs: Any) -> tuple[EngineConfig, dict[str, Any]]:
+        """(the config of the kwargs it knows, the rest): nano-vllm's LLM(**kwargs) filtering."""
+        names = {f.name for f in fields(cls)}
+        mine = {k: v for k, v in kwargs.items() if k in names}
+        return cls(model=Path(model), **mine), {k: v for k, v in kwargs.items() if k not in names}

@@ -1,0 +1,169 @@
+"""The engine: one model, one expert cache and the runner of one EngineConfig.
+
+Every caller (`bevy-gguf run`, the bench worker, `bevy_gguf.Llama`, the server, the tests'
+probes) builds an EngineConfig and drives an LLMEngine:
+
+    engine = LLMEngine(EngineConfig(model=path, scheduler="bevy", expert_cache="25%"))
+    stats = engine.generate(requests)          # a fixed list, n_parallel at a time
+    engine.start(max_queued=128)               # or serve a live queue on a background thread:
+    engine.add_request(req); engine.abort(req)
+    engine.close()
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+from bevy_gguf._native import llama_ext
+from bevy_gguf._native.llama_handles import ContextParams, Model
+from bevy_gguf._native.loader import use_libllama
+from bevy_gguf.config import EngineConfig
+from bevy_gguf.engine.expert_cache import ExpertCache
+from bevy_gguf.engine.registry import Scheduler, get_scheduler
+from bevy_gguf.engine.request import Request
+from bevy_gguf.engine.runners.batched import BatchedRunner
+from bevy_gguf.engine.runners.contexts import ContextRunner
+from bevy_gguf.engine.runners.layers import SelfBalancingRunner
+from bevy_gguf.engine.source import LiveQueue, RequestSource
+from bevy_gguf.engine.stats import RunStats
+from bevy_gguf.gguf_info import ModelInfo, inspect_model
+
+
+class Runner(Protocol):
+    micro_batch: int | None
+
+    def run(self, requests: list[Request]) -> RunStats: ...
+
+    def serving_params(self, ctx_per_seq: int) -> ContextParams: ...
+
+    def serve(self, source: RequestSource, params: ContextParams) -> RunStats: ...
+
+
+class LLMEngine:
+    """Owns the model, the expert cache (the bevy engine only) and makes the runners."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.scheduler: Scheduler = get_scheduler(config.scheduler)
+        self.info: ModelInfo = inspect_model(config.model)
+        self.stock = config.engine == "stock"
+        self.lib = use_libllama("stock" if self.stock else "patched")
+        if not self.stock:
+            llama_ext.set_lazy_experts(self.lib, True)  # routed experts are resident only in the cache
+        self.model = Model(self.lib, config.model)
+        self.cache: ExpertCache | None = None
+        try:
+            if not self.stock:
+                self.cache = ExpertCache(self.info, config.cache_bytes(self.info.expert_bytes), config.link_spec,
+                                         policy=config.eviction, n_workers=config.link_workers,
+                                         wait_timeout_s=config.wait_timeout_s, seed=config.seed)
+        except BaseException:
+            self.model.close()
+            raise
+        self.runner: Runner | None = None  # the last one made
+        self._queue: LiveQueue | None = None
+        self._thread: threading.Thread | None = None
+        self.serve_stats: RunStats | None = None
+        self.serve_error: str | None = None
+
+    # -- runners -------------------------------------------------------------------------
+
+    def make_runner(self, n_parallel: int | None = None) -> Runner:
+        """The scheduler's runner for n_parallel sequences at once (default: the config's)."""
+        cfg, n = self.config, n_parallel or self.config.n_parallel
+        flash = cfg.flash_attn_type
+        if self.cache is None:
+            runner: Runner = BatchedRunner(self.model, n, cfg.n_threads, flash)
+        elif self.scheduler.runner == "layers":
+            runner = SelfBalancingRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash,
+                                         wait_timeout_s=cfg.wait_timeout_s)
+        elif self.scheduler.runner == "contexts":
+            runner = ContextRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash)
+        else:
+            runner = BatchedRunner(self.model, n, cfg.n_threads, flash, cache=self.cache,
+                                   prefetch=self.scheduler.prefetch)
+        self.runner = runner
+        return runner
+
+    def generate(self, requests: list[Request], runner: Runner | None = None) -> RunStats:
+        """Decode a fixed list of requests, n_parallel at a time (the runner: one made for them)."""
+        if not requests:
+            return RunStats()
+        runner = runner or self.make_runner(min(self.config.n_parallel, len(requests)))
+        try:
+            return runner.run(requests)
+        finally:
+            if self.cache is not None:
+                self.cache.release_hooks()
+
+    # -- serving -------------------------------------------------------------------------
+
+    def start(self, max_queued: int) -> None:
+        """Serve a live queue on a background thread: n_parallel sequences of n_ctx tokens."""
+        if self._thread is not None:
+            return
+        ctx_per_seq = self.config.n_ctx or 2048
+        runner = self.make_runner()
+        params = runner.serving_params(ctx_per_seq)
+        self._queue = LiveQueue(max_queued)
+
+        def serve() -> None:
+            try:
+                self.serve_stats = runner.serve(self._queue, params)
+            except Exception as e:  # noqa: BLE001 - reported by serve_error (the server's /health)
+                self.serve_error = f"{type(e).__name__}: {e}"
+
+        self._thread = threading.Thread(target=serve, name="bevy-serve", daemon=True)
+        self._thread.start()
+
+    def add_request(self, req: Request) -> bool:
+        """Queue req for the serving loop (False: the queue is full or closed)."""
+        if self._queue is None:
+            raise RuntimeError("add_request needs start() first")
+        return self._queue.put(req)
+
+    @staticmethod
+    def abort(req: Request) -> None:
+        """Cancel req: the runner drops it at its next step (its KV cells and pins are freed)."""
+        req.cancelled = True
+
+    def queued(self) -> int:
+        return len(self._queue) if self._queue is not None else 0
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """No more requests: the serving loop drains the queue, then ends."""
+        if self._queue is not None:
+            self._queue.close()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+
+    # -- state ---------------------------------------------------------------------------
+
+    def counters(self, il: int = -1) -> dict[str, int]:
+        """The expert cache's counters (of layer il, or totals); {} on the stock engine."""
+        return self.cache.counters(il) if self.cache is not None else {}
+
+    def cache_summary(self, stats: RunStats, events: bool = False) -> dict[str, Any] | None:
+        """The expert cache of the last run: size, link, micro-batch, counters (None on stock)."""
+        if self.cache is None:
+            return None
+        c = self.cache
+        return {"scheduler": self.scheduler.name, "link": c.link_name, "bytes": c.budget_bytes, "slots": c.n_slots,
+                "micro_batch": self.runner.micro_batch if self.runner else None, "decode": stats.decode_counters,
+                "total": c.counters(), "layers": [c.counters(il) for il in range(self.info.n_layer)],
+                "events": c.events() if events else []}
+
+    def close(self) -> None:
+        """Stop serving, then free the cache (and its hooks) and the model, in that order."""
+        self.stop()
+        if self.cache is not None:
+            self.cache.close()
+            self.cache = None
+        self.model.close()
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,49 @@
+"""The schedulers: each is a policy over one of three runners; adding one touches no runner.
+
+| scheduler | runner | policy |
+|---|---|---|
+| blocking | batched: one context, every running sequence per step | stall on every miss (stock's behaviour) |
+| prefetch | batched | blocking + load the experts layer il+1's router predicts from layer il's input |
+| bevy-ctx | contexts: one per request, on its thread | runahead: blocked ones wait, others compute, lagging first |
+| bevy | layers: lanes of layer-range calls | self-balancing: ready requests grouped per layer, lagging first |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bevy_gguf.errors import BevyError
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduler:
+    name: str
+    runner: str            # "batched", "contexts" or "layers"
+    summary: str           # one line, for help texts
+    prefetch: bool = False
+
+
+SCHEDULERS = {s.name: s for s in (
+    Scheduler("bevy", "layers", "requests grouped per layer (layer-range decode), the ready ones run ahead, "
+                                "loads for the lagging first"),
+    Scheduler("bevy-ctx", "contexts", "a context per request on its own thread: blocked ones wait, the others "
+                                      "compute, lagging first"),
+    Scheduler("prefetch", "batched", "blocking + the next layer's experts predicted by its router", prefetch=True),
+    Scheduler("blocking", "batched", "one batched context that stalls on every miss (as stock llama.cpp)"),
+)}
+DEFAULT_SCHEDULER = "bevy"
+
+
+def scheduler_names() -> tuple[str, ...]:
+    return tuple(SCHEDULERS)
+
+
+def get_scheduler(name: str) -> Scheduler:
+    if name not in SCHEDULERS:
+        raise BevyError(f"unknown scheduler {name!r}: choose one of {', '.join(SCHEDULERS)}")
+    return SCHEDULERS[name]
+
+
+def help_text() -> str:
+    """`--scheduler`'s help: every scheduler and what it does."""
+    return "; ".join(f"{s.name}: {s.summary}" for s in SCHEDULERS.values()) + f" (default {DEFAULT_SCHEDULER})"

@@ -1,0 +1,376 @@
+"""The self-balancing runner (`bevy`): requests grouped layer by layer, in lanes.
+
+Each request is a flight that decodes its current block (a prompt chunk or one token) one layer
+per call (llama_decode_layers). Every call ends with the attention and router of the flight's
+next layer (the next call resumes after that attention), so the scheduler knows which experts
+each flight needs before it needs them: it starts those loads
+at once (lagging flights first), runs the group of flights whose experts are loaded (lagging
+first, see plan.py), and waits only when no flight is ready. Requests whose experts are resident
+run ahead; groups batch the ready requests per layer, so shared weights are read once per group.
+
+Lanes: on a CPU a small graph does not speed up with more threads (measured on the default
+model: a 1-token layer takes 1.09 ms on one thread, 1.16 ms on two; with every expert resident,
+two lanes of 4 sequences on one thread each decode 464 tok/s, one context of 8 sequences on two
+threads 346), so the runner splits the sequences into lanes, one per threads_per_lane threads:
+each lane is a context of its own with the step loop above, on its own thread; the lanes share
+the expert cache, whose upload queue orders every lane's loads lagging first. One lane (one
+context, all threads) is the plain self-balancing scheduler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+
+from bevy_gguf._native.llama_handles import Context, ContextParams, Model
+from bevy_gguf.engine.expert_cache import ExpertCache
+from bevy_gguf.engine.plan import FIRST, Flight, Group, PolicyParams, admit_loads, plan
+from bevy_gguf.engine.request import Request
+from bevy_gguf.engine.runners.batched import context_params
+from bevy_gguf.engine.source import FixedSource, RequestSource
+from bevy_gguf.engine.stats import RunStats
+from bevy_gguf.errors import BevyError
+
+WAIT_SLICE_MS = 50  # a wait for loads re-checks at least this often
+MISS_RATE_DECAY = 0.98  # per lookup: a layer's miss rate forgets old lookups at this rate
+THREADS_PER_LANE = 1  # threads of each lane's context (see the module docstring)
+
+
+class SelfBalancingRunner:
+    """Decodes requests layer by layer, n_parallel in flight at a time, in lanes."""
+
+    def __init__(self, model: Model, cache: ExpertCache, n_parallel: int, n_threads: int = 2,
+                 flash_attn_type: int = -1, wait_timeout_s: float = 300.0,
+                 on_step: Callable[[int, list[Flight]], None] | None = None, load_window: int | None = None,
+                 merge_misses: float = 2.0, threads_per_lane: int = THREADS_PER_LANE) -> None:
+        self.model = model
+        self.cache = cache
+        self.n_parallel = n_parallel
+        self.n_threads = n_threads
+        self.flash_attn_type = flash_attn_type
+        self.wait_timeout_s = wait_timeout_s
+        self.on_step = on_step  # called by each lane before each plan (tests cancel requests from it)
+        # see plan.PolicyParams; default: flights up to one token ahead of the front get loads
+        self.load_window = model.n_layer + 1 if load_window is None else load_window
+        # a group that holds every flight of its lane extends its call through the following
+        # layers where it expects fewer than this many misses (a miss there stalls the call, as
+        # blocking does)
+        self.merge_misses = merge_misses
+        self.threads_per_lane = threads_per_lane
+        self.micro_batch: int | None = None  # tokens per call, once the lanes are made
+
+    def lanes_for(self, n_seq: int) -> int:
+        """How many lanes: one per threads_per_lane threads and at most one per sequence, while
+        the cache holds, for each lane, a token's experts for its calls and as many for what it
+        reserves (lanes keep their reservations while they compute, see _Lane)."""
+        lanes = max(1, min(self.n_threads // max(1, self.threads_per_lane), n_seq))
+        while lanes > 1 and self.cache.n_slots // (2 * lanes) < self.cache.layout.min_slots(1):
+            lanes -= 1
+        return lanes
+
+    def run(self, requests: list[Request]) -> RunStats:
+        """Decode a fixed list of requests."""
+        if not requests:
+            return RunStats()
+        n_seq = min(self.n_parallel, len(requests))
+        params = context_params(requests, n_seq, self.n_threads, flash_attn_type=self.flash_attn_type)
+        return self.serve(FixedSource(requests), params, hold_decode=len(requests) <= n_seq)
+
+    def serving_params(self, ctx_per_seq: int) -> ContextParams:
+        """A context for a live queue: n_parallel sequences of ctx_per_seq tokens (split into lanes)."""
+        return ContextParams(n_ctx=self.n_parallel * ctx_per_seq, n_batch=ctx_per_seq, n_seq_max=self.n_parallel,
+                             n_threads=self.n_threads, flash_attn_type=self.flash_attn_type)
+
+    def serve(self, source: RequestSource, params: ContextParams, hold_decode: bool = False) -> RunStats:
+        """Decode what source gives, as it comes (params.n_seq_max in flight at most); with
+        hold_decode, generated tokens wait while any prompt prefills (in any lane)."""
+        n_seq = params.n_seq_max
+        k = self.lanes_for(n_seq)
+        self.cache.set_concurrency(k)
+        self.requests: list[Request] = []  # every lane's, in arrival order: Flight.index points here
+        self._lock = threading.Lock()
+        self._prefilling = k if hold_decode else 0  # lanes that decode only once it is 0 (hold_decode)
+        self._prefilled = threading.Condition(self._lock)
+        self._at_decode: dict[str, int] | None = None  # cache counters when decoding began
+        lanes = []
+        for i in range(k):
+            seqs = n_seq // k + (i < n_seq % k)
+            lane_params = params if k == 1 else dataclasses.replace(
+                params, n_seq_max=seqs, n_ctx=max(1, params.n_ctx // n_seq) * seqs, n_threads=self.threads_per_lane)
+            lanes.append(_Lane(self, i, k, lane_params, hold_decode))
+        self.micro_batch = max(lane.chunk for lane in lanes)  # tokens per call of a prompt chunk
+        errors: list[BaseException] = []
+
+        def serve_lane(lane: _Lane) -> None:
+            try:
+                lane.serve(source)
+            except BaseException as e:  # re-raised below, after every lane stopped
+                errors.append(e)
+            finally:
+                self._lane_prefilled(lane)
+
+        try:
+            if k == 1:
+                serve_lane(lanes[0])
+            else:
+                threads = [threading.Thread(target=serve_lane, args=(lane,), name=f"bevy-lane-{lane.owner}")
+                           for lane in lanes]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+        finally:
+            self.cache.release_hooks()
+        if errors:
+            raise errors[0]
+        return self._merge(lanes)
+
+    def _lane_prefilled(self, lane: _Lane) -> None:
+        """A lane has no prompt left to prefill (or stopped): with hold_decode, it waits for the
+        other lanes. The decode counters start when the first lane goes on."""
+        with self._prefilled:
+            if not lane.prefill_done:
+                lane.prefill_done = True
+                self._prefilling -= 1
+                if self._prefilling <= 0:
+                    self._prefilled.notify_all()
+            while self._prefilling > 0:
+                self._prefilled.wait()
+            if self._at_decode is None:
+                self._at_decode = self.cache.counters()
+
+    def _merge(self, lanes: list[_Lane]) -> RunStats:
+        """One RunStats over the lanes: decode time from the first lane's decode to the last
+        lane's end, counters over that span, prefill time of the longest lane."""
+        stats = RunStats()
+        for lane in lanes:
+            stats.decode_tokens += lane.stats.decode_tokens
+            stats.prefill_tokens += lane.stats.prefill_tokens
+            stats.prefill_s = max(stats.prefill_s, lane.stats.prefill_s)
+        starts = [lane.t_decode0 for lane in lanes if lane.t_decode0 is not None]
+        if starts and stats.decode_tokens:
+            stats.decode_s = max(lane.t_end for lane in lanes) - min(starts)
+        totals = self.cache.counters()
+        at_decode = self._at_decode or {}
+        stats.decode_counters = {k: totals[k] - at_decode.get(k, 0) for k in totals}
+        return stats
+
+
+class _Lane:
+    """One context and its step loop: the flights of its sequences, grouped layer by layer.
+
+    A lane keeps its reservations while it computes (loads landing meanwhile, its own or
+    another lane's, would evict what its waiting flights hold: measured, 40% more bytes with two
+    lanes, twice the bytes with one), so of its share of the slots (1/lanes) a lane reserves at
+    most half and its calls' tokens fit in the other half: the lanes' pins never fill the cache,
+    and no call can wait for a slot that only a waiting lane could free. A lane whose half share
+    is below a call's minimum (only ever a single lane: the runner takes fewer lanes first) drops
+    its reservations before each call instead, and may then pin the whole cache.
+    """
+
+    def __init__(self, runner: SelfBalancingRunner, owner: int, lanes: int, params: ContextParams,
+                 hold_decode: bool) -> None:
+        self.runner, self.model, self.cache = runner, runner.model, runner.cache
+        self.owner = owner  # whose reservations these are, among the lanes sharing the cache
+        self.params = dataclasses.replace(params, n_ubatch=params.n_batch)  # one graph per call
+        self.keep_reservations = self.cache.n_slots // (2 * lanes) >= self.cache.layout.min_slots(1)
+        share = self.cache.n_slots // (2 * lanes) if self.keep_reservations else self.cache.n_slots
+        self.chunk = self.cache.layout.micro_batch(share, self.params.n_batch)
+        # with reservations held, a call's tokens must fit its share at every layer it merges
+        max_tokens = self.chunk if self.keep_reservations else self.params.n_batch
+        self.policy = PolicyParams(n_layer=self.model.n_layer, max_tokens=max_tokens, max_experts=share,
+                                   hold_decode=hold_decode, load_window=runner.load_window)
+        self.stats = RunStats()
+        self.prefill_done = False
+        self.t_decode0: float | None = None
+        self.t_end = 0.0
+        self._waiting_since: float | None = None
+        self.miss_rate = [1.0] * self.model.n_layer  # nothing is known: assume misses
+        self._seen = [(0, 0)] * self.model.n_layer
+        self._flights = self.cache.flights()  # the native buffer of each pass's flights
+
+    def serve(self, source: RequestSource) -> None:
+        with Context(self.model, self.params) as ctx:
+            self.cache.attach(ctx)
+            try:
+                self._loop(ctx, source, self.params.n_seq_max, self.stats)
+            finally:
+                self.cache.unreserve_all(self.owner)
+
+    # -- the step loop -------------------------------------------------------------------
+
+    def _loop(self, ctx: Context, source: RequestSource, n_seq: int, stats: RunStats) -> None:
+        runner = self.runner
+        requests = runner.requests  # shared by the lanes, in arrival order: Flight.index points into it
+        free = list(range(n_seq))
+        flights: list[Flight] = []
+        t0 = time.perf_counter()
+        step = 0
+        while True:
+            with runner._lock:  # admit new requests: their first prompt chunk
+                for req in source.take(len(free)):
+                    requests.append(req)
+                    req.seq = free.pop(0)
+                    flights.append(Flight(len(requests) - 1, req.seq, req.prompt_tokens[: self.chunk], 0))
+            if not flights:
+                if not source.idle_wait():
+                    break
+                continue
+            if runner.on_step:
+                runner.on_step(step, flights)
+            flights = self._drop_cancelled(ctx, requests, flights, free)
+            if not flights:
+                continue
+            if not self.prefill_done and not any(f.prefill for f in flights):
+                runner._lane_prefilled(self)  # with hold_decode: every lane's prompts are in first
+            since = self._refresh(flights)  # and the loads completed before it
+            self._update_miss_rates()
+            p = plan(flights, self.policy)
+            if p.group is None:  # nothing is ready: wait for a load (counted as stall)
+                lead = min((flights[i] for i in p.waiting), key=lambda f: f.lag)
+                if not self.cache.wait(since, WAIT_SLICE_MS, lead.layer):
+                    self._check_timeout(flights)
+                continue
+            step += 1
+            if self.t_decode0 is None and not any(f.prefill for f in flights):
+                self.t_decode0 = time.perf_counter()
+            self._run_group(ctx, requests, flights, p.group, t0, stats)
+            flights = self._retire(ctx, requests, flights, free)
+        self.t_end = time.perf_counter()
+
+    def _refresh(self, flights: list[Flight]) -> int:
+        """Reserve what the admitted flights need, start their loads, and mark who is ready
+        (one libbevy call, bevy_cache_refresh); returns the cache's version before it."""
+        admitted = admit_loads(flights, self.policy)
+        rest = [i for i, f in enumerate(flights) if f.layer != FIRST and i not in admitted]
+        order = admitted + rest  # loads start lagging first
+        buf = self._flights
+        buf.fill([flights[i].layer for i in order], [flights[i].experts for i in order],
+                 [(flights[i].progress << 32) | ((flights[i].layer + 1) << 16) for i in order],
+                 [True] * len(admitted) + [False] * len(rest), [not flights[i].counted for i in order])
+        self.cache.refresh(self.owner, buf)
+        missing = dict(zip(order, buf.absent()))
+        for i, f in enumerate(flights):
+            f.ready = f.layer == FIRST or missing[i] == 0
+            f.counted = True
+        return buf.pass_.version
+
+    def _range_end(self, group: Group, flights: list[Flight]) -> int:
+        """Where the group's call stops: right after its own layer, or, when the group holds
+        every flight (nobody could run while it stalls), through the following layers where it
+        expects fewer than merge_misses misses (recent miss rate x its lookups): when misses are
+        rare, whole steps run in one call."""
+        n_layer = self.model.n_layer
+        end = 0 if group.layer == FIRST else group.layer + 1
+        if len(group.members) < len(flights):
+            return end
+        lookups = sum(len(flights[i].tokens) for i in group.members) * self.cache.layout.top_k
+        while end < n_layer and self.miss_rate[end] * lookups < self.runner.merge_misses:
+            end += 1
+        return end
+
+    def _update_miss_rates(self) -> None:
+        """Per layer, a moving average of the fraction of lookups that missed, weighted per
+        lookup (a step of 8 tokens moves it about halfway); the lookups are the last pass's."""
+        hits, misses = self._flights.hits, self._flights.misses
+        for il in range(self.model.n_layer):
+            dh, dm = hits[il] - self._seen[il][0], misses[il] - self._seen[il][1]
+            if dh + dm:
+                alpha = 1.0 - MISS_RATE_DECAY ** (dh + dm)
+                self.miss_rate[il] += alpha * (dm / (dh + dm) - self.miss_rate[il])
+                self._seen[il] = (hits[il], misses[il])
+
+    def _check_timeout(self, flights: list[Flight]) -> None:
+        now = time.perf_counter()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        elif now - self._waiting_since > self.runner.wait_timeout_s:
+            stuck = ", ".join(f"request {f.index} at layer {f.layer}" for f in flights if not f.ready)
+            raise BevyError(f"timed out after {self.runner.wait_timeout_s:.0f} s waiting for experts ({stuck})")
+
+    def _run_group(self, ctx: Context, requests: list[Request], flights: list[Flight], group: Group,
+                   t0: float, stats: RunStats) -> None:
+        self._waiting_since = None
+        members = [flights[i] for i in group.members]
+        n_layer = self.model.n_layer
+        il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, self._range_end(group, flights))
+        final = il_end == n_layer
+        # layers before il_begin + 1 were counted when their experts were revealed; merged ones here
+        count_from = 0 if group.layer == FIRST else il_begin + 1
+        rows: list[tuple[int, int, int, bool]] = []
+        spans: list[tuple[Flight, int, int]] = []
+        for f in members:
+            start = len(rows)
+            for j, tok in enumerate(f.tokens):
+                rows.append((tok, f.pos0 + j, f.seq, not final or j == len(f.tokens) - 1))
+            spans.append((f, start, len(rows)))
+        hidden = None if group.layer == FIRST else [f.h for f in members]
+        if not self.keep_reservations:  # the call pins what it uses; held ones could only deadlock it
+            self.cache.unreserve_all(self.owner)
+        start_t = time.perf_counter()
+        self.cache.begin(ctx, min(f.progress for f in members), count_from)
+        try:
+            ctx.decode_layers(rows, hidden, il_begin, il_end, lookahead, reuse)
+        except BevyError as e:
+            for f in members:  # the failed call took their cells with it
+                requests[f.index].fail(str(e))
+            return
+        finally:
+            self.cache.end(ctx)
+        elapsed = time.perf_counter() - start_t
+        if all(f.prefill for f in members):
+            stats.prefill_s += elapsed
+        if not final:
+            h = ctx.hidden(len(rows))
+            il, experts = ctx.hook.routed([b for _, _, b in spans], self.cache.layout.top_k)
+            if il != il_end:
+                raise BevyError(f"the lookahead ran layer {il}, the call asked for {il_end}")
+            for (f, a, b), need in zip(spans, experts):
+                f.h = h[a:b]
+                f.layer = il_end
+                f.experts = need  # distinct, ascending
+                f.ready, f.counted = False, False
+            return
+        for f, _, b in spans:
+            self._finish_block(ctx, requests, f, b - 1, t0, stats)  # logits of its last row
+
+    def _finish_block(self, ctx: Context, requests: list[Request], f: Flight, out_row: int, t0: float,
+                      stats: RunStats) -> None:
+        """The block passed the last layer: take its output and set up the next block."""
+        req = requests[f.index]
+        f.h, f.experts, f.layer = None, (), FIRST
+        if f.prefill:
+            stats.prefill_tokens += len(f.tokens)
+            if f.pos0 + len(f.tokens) < len(req.prompt_tokens):  # more prompt chunks
+                f.pos0 += len(f.tokens)
+                f.tokens = req.prompt_tokens[f.pos0: f.pos0 + self.chunk]
+                return
+        else:
+            stats.decode_tokens += 1
+        token, margin = req.choose(ctx, out_row)
+        req.record(token, margin, self.model.is_eog(token), self.model.piece(token))
+        if f.prefill:
+            req.ttft_s = time.perf_counter() - t0
+        if not req.finished:
+            f.pos0, f.tokens, f.prefill, f.progress = req.n_past, [req.next_input()], False, req.n_decoded + 1
+
+    def _retire(self, ctx: Context, requests: list[Request], flights: list[Flight], free: list[int]) -> list[Flight]:
+        still = []
+        for f in flights:
+            if requests[f.index].finished:
+                ctx.seq_rm(f.seq)
+                free.append(f.seq)
+                free.sort()
+            else:
+                still.append(f)
+        return still
+
+    def _drop_cancelled(self, ctx: Context, requests: list[Request], flights: list[Flight],
+                        free: list[int]) -> list[Flight]:
+        """Cancelled requests leave at once, cells of half-computed tokens included."""
+        for f in flights:
+            if requests[f.index].cancelled and not requests[f.index].finished:
+                requests[f.index].fail("cancelled")
+        return self._retire(ctx, requests, flights, free)

@@ -1,0 +1,48 @@
+"""What a run measured: decode and prefill time and tokens, the batches, the cache's counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class BatchCall:
+    """One llama_decode: which request each batch row belongs to, and whether it was prefill."""
+
+    prefill: bool
+    rows: list[int]  # index into the request list, per batch row
+
+
+@dataclass(slots=True)
+class RunStats:
+    decode_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+    calls: list[BatchCall] = field(default_factory=list)
+    decode_counters: dict[str, float] = field(default_factory=dict)  # expert cache, decode calls only
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+def union_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals: the wall time during which any ran."""
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def hit_rate(counters: dict[str, float]) -> float:
+    """Hits over lookups of an expert cache's counters (0 with no lookups)."""
+    looked_up = counters.get("hits", 0) + counters.get("misses", 0)
+    return counters.get("hits", 0) / looked_up if looked_up else 0.0

@@ -1,0 +1,173 @@
+"""The weights of a generated model: random, but routed like a real MoE (docs/models.md).
+
+R^D is split by a random orthonormal basis into a shared direction u, a topic subspace, a
+context subspace and the rest (token identity):
+- embeddings (RMS ~ 1) hold a bit of u, a topic vector set by the token's byte class plus a
+  small per-token part, and a token-identity part;
+- attention has zero queries, so it averages uniformly over earlier positions; its values read
+  the topic subspace and its output writes a per-layer rotation of it into the context
+  subspace: every layer adds the running mean of earlier topics;
+- router rows = graded weights on u (normal quantiles, shuffled per layer: popularity skew) +
+  topic and context read-outs (locality, per-text hot sets) + noise that reads only token
+  identity (per-token variety);
+- experts are small and random; the output head reads token identity only.
+
+Every tensor is drawn from its own generator seeded by (seed, tensor name), so the bytes do
+not depend on the order in which tensors are generated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cached_property
+from statistics import NormalDist
+
+import numpy as np
+
+from bevy_gguf.synth.spec import ModelSpec
+from bevy_gguf.synth.tokenizer import CLASSES, N_VOCAB, token_class
+
+TOPIC_DIMS = 16
+CONTEXT_DIMS = 16
+
+# embedding mix (squares sum to ~1: RMS ~ 1)
+EMB_U = 0.30        # shared direction
+EMB_TOPIC = 0.55    # byte-class topic (+ per-token part below)
+EMB_TOKEN_TOPIC = 0.35  # per-token share inside the topic vector
+EMB_ID = 0.78       # token identity
+
+# byte-class shares of typical text; topics are centred on them (TOPIC_CENTERING of the way)
+TYPICAL_CLASS_SHARE = {"lower": 0.55, "upper": 0.04, "digit": 0.05, "space": 0.17, "punct": 0.08,
+                       "utf8_lead": 0.03, "utf8_cont": 0.06, "other": 0.02}
+TOPIC_CENTERING = 1.0
+
+ATTN_CONTEXT_GAIN = 0.9   # how strongly each layer writes the running topic mean
+
+# router logit spread (standard deviation) contributed by each part of a router row
+ROUTER_SKEW = 1.0     # graded weight on u: the same for every token (expert popularity)
+ROUTER_SKEW_TAIL = 0.3  # extra weight on the most popular experts
+ROUTER_TOPIC = 1.0    # reads the byte-class topic (locality within words, per-text hot sets)
+ROUTER_CONTEXT = 3.0  # reads the running topic mean (per-text hot sets)
+ROUTER_NOISE = 1.1    # reads token identity (per-token variety)
+CONTEXT_RMS = 0.5     # rough RMS share of the context subspace in the normalized residual
+
+EXPERT_OUT = 0.08   # RMS of one expert's output relative to the residual (small)
+HEAD_LOGIT_STD = 8.0  # spread of the output logits
+
+
+def _stable_seed(seed: int, name: str) -> list[int]:
+    digest = hashlib.sha256(name.encode()).digest()
+    return [seed, int.from_bytes(digest[:8], "little")]
+
+
+def _unit(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    v = rng.standard_normal(shape)
+    return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+
+class Recipe:
+    """Draws every tensor of a generated model, as float32 in numpy's (out, in) orientation."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.dim_id = spec.embd - 1 - TOPIC_DIMS - CONTEXT_DIMS
+
+    def rng(self, name: str) -> np.random.Generator:
+        # the arch is part of the key: each arch computes its own function
+        return np.random.default_rng(_stable_seed(self.spec.seed, f"{self.spec.arch}/{name}"))
+
+    @cached_property
+    def basis(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(u [D], T [D,16], C [D,16], I [D,rest]) from one random orthonormal basis."""
+        d = self.spec.embd
+        q, _ = np.linalg.qr(self.rng("basis").standard_normal((d, d)))
+        u = q[:, 0]
+        t = q[:, 1 : 1 + TOPIC_DIMS]
+        c = q[:, 1 + TOPIC_DIMS : 1 + TOPIC_DIMS + CONTEXT_DIMS]
+        i = q[:, 1 + TOPIC_DIMS + CONTEXT_DIMS :]
+        return u, t, c, i
+
+    @cached_property
+    def token_ids(self) -> np.ndarray:
+        """[V, dim_id] unit identity vectors (also what the head and router noise read)."""
+        return _unit(self.rng("token_ids"), N_VOCAB, self.dim_id)
+
+    def token_embd(self) -> np.ndarray:
+        u, t, _, i = self.basis
+        rng = self.rng("token_embd")
+        class_topic = _unit(rng, len(CLASSES), TOPIC_DIMS)
+        # centre on typical text, so a text's running mean says how it differs from typical text
+        typical = np.array([TYPICAL_CLASS_SHARE[c] for c in CLASSES])
+        class_topic = class_topic - TOPIC_CENTERING * (typical / typical.sum()) @ class_topic
+        class_topic /= np.sqrt((typical / typical.sum()) @ (class_topic**2).sum(1))
+        token_topic = _unit(rng, N_VOCAB, TOPIC_DIMS)
+        cls = np.array([CLASSES.index(token_class(v)) for v in range(N_VOCAB)])
+        topic = (1 - EMB_TOKEN_TOPIC) * class_topic[cls] + EMB_TOKEN_TOPIC * token_topic
+        emb = EMB_U * u[None, :] + EMB_TOPIC * topic @ t.T + EMB_ID * self.token_ids @ i.T
+        return (emb * np.sqrt(self.spec.embd)).astype(np.float32)
+
+    def attention(self, layer: int) -> dict[str, np.ndarray]:
+        """q, k, v, o: zero queries and keys; v reads the topic, o writes it rotated into C."""
+        s, d = self.spec, self.spec.embd
+        n_q = s.n_head * s.head_dim
+        _, t, c, _ = self.basis
+        rot, _ = np.linalg.qr(self.rng(f"blk.{layer}.attn_rot").standard_normal((TOPIC_DIMS, TOPIC_DIMS)))
+        wv = np.zeros((n_q, d))
+        wv[:TOPIC_DIMS, :] = t.T                       # head 0 carries the topic coordinates
+        wo = np.zeros((d, n_q))
+        wo[:, :TOPIC_DIMS] = ATTN_CONTEXT_GAIN * c @ rot  # ... and writes them into the context
+        zeros = np.zeros((n_q, d))
+        return {
+            "q": zeros.astype(np.float32),
+            "k": zeros.astype(np.float32),
+            "v": wv.astype(np.float32),
+            "o": wo.astype(np.float32),
+        }
+
+    def router(self, layer: int) -> np.ndarray:
+        """[E, D] router rows."""
+        s = self.spec
+        u, t, c, i = self.basis
+        rng = self.rng(f"blk.{layer}.ffn_gate_inp")
+        quantiles = (np.arange(s.experts) + 0.5) / s.experts
+        grades = np.array([NormalDist().inv_cdf(q) for q in quantiles])
+        grades = grades + ROUTER_SKEW_TAIL * np.maximum(grades, 0.0) ** 2  # a few very popular experts
+        rng.shuffle(grades)
+        w_topic = _unit(rng, s.experts, TOPIC_DIMS)
+        w_ctx = _unit(rng, s.experts, CONTEXT_DIMS)
+        w_noise = _unit(rng, s.experts, self.dim_id)
+        sd = np.sqrt(s.embd)  # the normalized residual has norm ~ sqrt(D)
+        rows = (
+            ROUTER_SKEW / (sd * EMB_U) * grades[:, None] * u[None, :]
+            + ROUTER_TOPIC * np.sqrt(TOPIC_DIMS) / (sd * EMB_TOPIC) * w_topic @ t.T
+            + ROUTER_CONTEXT * np.sqrt(CONTEXT_DIMS) / (sd * CONTEXT_RMS) * w_ctx @ c.T
+            + ROUTER_NOISE * np.sqrt(self.dim_id) / (sd * EMB_ID) * w_noise @ i.T
+        )
+        return rows.astype(np.float32)
+
+    def experts(self, layer: int, ff: int | None = None, name: str = "exps") -> dict[str, np.ndarray]:
+        """gate, up [E, ff, D] and down [E, D, ff]: small random experts."""
+        s = self.spec
+        ff = ff or s.ff
+        n = s.experts if name == "exps" else 1
+        rng = self.rng(f"blk.{layer}.ffn_{name}")
+        gate = rng.standard_normal((n, ff, s.embd), dtype=np.float32) / np.float32(np.sqrt(s.embd))
+        up = rng.standard_normal((n, ff, s.embd), dtype=np.float32) / np.float32(np.sqrt(s.embd))
+        # silu(g)*u has RMS ~0.6; scale down so one expert adds ~EXPERT_OUT of the residual RMS
+        down = rng.standard_normal((n, s.embd, ff), dtype=np.float32) * np.float32(EXPERT_OUT / (0.6 * np.sqrt(ff)))
+        return {"gate": gate, "up": up, "down": down}
+
+    def shared_expert(self, layer: int) -> dict[str, np.ndarray]:
+        """qwen2moe's shared expert: dense gate/up/down and its sigmoid gate row."""
+        w = {k: v[0] for k, v in self.experts(layer, name="shexp").items()}
+        w["gate_inp"] = (self.rng(f"blk.{layer}.ffn_gate_inp_shexp").standard_normal(self.spec.embd)
+                         / np.sqrt(self.spec.embd)).astype(np.float32)
+        return w
+
+    def output(self) -> np.ndarray:
+        """[V, D] head rows that read token identity only."""
+        _, _, _, i = self.basis
+        h = _unit(self.rng("output"), N_VOCAB, self.dim_id)
+        # the normalized residual carries sqrt(D)*EMB_ID of identity: scale to HEAD_LOGIT_STD
+        gain = HEAD_LOGIT_STD * np.sqrt(self.dim_id) / (np.sqrt(self.spec.embd) * EMB_ID)
+        return (gain * h @ i.T).astype(np.float32)

@@ -1,0 +1,75 @@
+"""What a generated model is: its parameters, validated, and its cache key."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+
+from bevy_gguf.errors import BevyError
+
+ARCHS = ("qwen3moe", "qwen2moe", "mixtral")
+DTYPES = ("f16", "q8_0")
+
+
+
+@cache
+def recipe_digest() -> str:
+    """A short hash of the code that generates the bytes (part of the cache key)."""
+    here = Path(__file__).parent
+    h = hashlib.sha256()
+    for name in ("recipe.py", "tokenizer.py", "writer.py"):
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:10]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Parameters of `bevy-gguf make-model`; the defaults are the benchmark's default model (docs/benchmark.md)."""
+
+    arch: str = "qwen3moe"
+    layers: int = 8
+    experts: int = 64
+    top_k: int = 8
+    embd: int = 512
+    ff: int = 512
+    dtype: str = "q8_0"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise BevyError(f"unknown arch {self.arch!r}: choose one of {', '.join(ARCHS)}")
+        if self.dtype not in DTYPES:
+            raise BevyError(f"unknown dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        if not 1 <= self.layers <= 256:
+            raise BevyError(f"--layers {self.layers} is out of range: use 1..256")
+        if not 2 <= self.experts <= 1024:
+            raise BevyError(f"--experts {self.experts} is out of range: use 2..1024")
+        if not 1 <= self.top_k <= self.experts:
+            raise BevyError(f"--top-k {self.top_k} must lie in 1..--experts ({self.experts})")
+        if self.embd < 64 or self.embd % 32:
+            raise BevyError(f"--embd {self.embd} must be a multiple of 32 and at least 64")
+        if self.ff < 32 or self.ff % 32:
+            raise BevyError(f"--ff {self.ff} must be a multiple of 32 and at least 32")
+        if self.seed < 0:
+            raise BevyError(f"--seed {self.seed} must be >= 0")
+
+    @property
+    def head_dim(self) -> int:
+        return 64 if self.embd >= 256 else 32
+
+    @property
+    def n_head(self) -> int:
+        return self.embd // self.head_dim
+
+    @property
+    def key(self) -> str:
+        """A file-name-safe key naming these parameters and the recipe version."""
+        return (
+            f"{self.arch}-L{self.layers}-E{self.experts}-k{self.top_k}-D{self.embd}-F{self.ff}"
+            f"-{self.dtype}-s{self.seed}-{recipe_digest()}"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)

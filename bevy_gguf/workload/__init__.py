@@ -1,0 +1,1 @@
+"""The requests we decode: the text workload and prompts from the command line."""

@@ -1,0 +1,179 @@
+#include "cache_hook.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace bevy {
+
+CacheHook::CacheHook(ExpertCache * cache)
+    : cache_(cache), id_(cache->register_context()), slot_of_(cache->config().n_expert, -1),
+      seen_(cache->config().n_expert, 0), predictor_(cache->config().n_expert) {}
+
+CacheHook::~CacheHook() {
+    leave_gate();
+    cache_->release(pins_);
+    cache_->unregister_context(id_);
+}
+
+void CacheHook::leave_gate() {
+    if (holding_) {
+        gate_->leave();
+        holding_ = false;
+    }
+}
+
+void CacheHook::end_compute(int64_t now) {
+    if (computing_ >= 0) {
+        cache_->events().add({kEventCompute, id_, computing_, -1, computing_since_, now});
+        computing_ = -1;
+    }
+}
+
+void CacheHook::set_gated(bool gated) {
+    leave_gate();
+    gate_ = gated ? &cache_->gate() : nullptr;
+}
+
+void CacheHook::begin(int64_t token, int32_t count_from) {
+    token_      = token;
+    count_from_ = count_from;
+    if (gate_ && !holding_) {
+        gate_->enter(gate_key(token, -1, id_));
+        holding_ = true;
+    }
+}
+
+void CacheHook::end() {
+    leave_gate();
+    end_compute(now_ns());
+}
+
+int64_t CacheHook::routed(const int32_t * row_ends, int32_t n_groups, int32_t * experts, int64_t * offsets,
+                          int64_t max_experts, int32_t * il) {
+    if (il) {
+        *il = routed_il_;
+    }
+    const int64_t n_rows = routed_k_ > 0 ? (int64_t) routed_.size() / routed_k_ : 0;
+    int64_t n = 0;
+    offsets[0] = 0;
+    for (int32_t g = 0; g < n_groups; ++g) {
+        const int64_t first = g == 0 ? 0 : row_ends[g - 1];
+        const int64_t last  = row_ends[g];
+        if (first > last || last > n_rows) {
+            return -1;
+        }
+        const int64_t start = n;
+        for (int64_t i = first * routed_k_; i < last * routed_k_; ++i) {
+            const int32_t e = routed_[i];
+            if (e < 0 || e >= (int32_t) seen_.size() || (!seen_[e] && n >= max_experts)) {
+                for (int64_t j = start; j < n; ++j) {
+                    seen_[experts[j]] = 0;
+                }
+                return -1;
+            }
+            if (!seen_[e]) {
+                seen_[e]     = 1;
+                experts[n++] = e;
+            }
+        }
+        for (int64_t j = start; j < n; ++j) {
+            seen_[experts[j]] = 0;
+        }
+        std::sort(experts + start, experts + n);
+        offsets[g + 1] = n;
+    }
+    return n;
+}
+
+int32_t CacheHook::record_route(const bevy_moe_call * call) {
+    const int32_t k = call->n_expert_used;
+    routed_.resize((size_t) call->n_tokens * k);
+    for (int32_t t = 0; t < call->n_tokens; ++t) {
+        for (int32_t j = 0; j < k; ++j) {
+            routed_[(size_t) t * k + j] = call->ids[t * call->ids_stride + j];
+            call->out[t * k + j]        = 0;
+        }
+    }
+    routed_il_ = call->il;
+    routed_k_  = k;
+    return 0;
+}
+
+int32_t CacheHook::call(const bevy_moe_call * call) {
+    const int64_t t_enter = now_ns();
+    cache_->release(pins_); // the previous layer's matmuls are done
+    leave_gate();           // and this context may have to wait now
+    end_compute(t_enter);
+    if (call->il < 0) {
+        return 0; // graph done
+    }
+    const int32_t n_expert = (int32_t) slot_of_.size();
+    if (call->n_expert != n_expert) {
+        error_ = "layer " + std::to_string(call->il) + " has " + std::to_string(call->n_expert) +
+                 " experts, the cache " + std::to_string(n_expert);
+        return -1;
+    }
+    if (call->route_only) {
+        return record_route(call); // a layer-range lookahead: load nothing, compute nothing
+    }
+    distinct_.clear();
+    for (int32_t t = 0; t < call->n_tokens; ++t) {
+        for (int32_t j = 0; j < call->n_expert_used; ++j) {
+            const int32_t e = call->ids[t * call->ids_stride + j];
+            if (e < 0 || e >= n_expert) {
+                error_ = "selected expert " + std::to_string(e) + " is out of range";
+                for (int32_t d : distinct_) {
+                    slot_of_[d] = -1;
+                }
+                return -1;
+            }
+            if (slot_of_[e] == -1) {
+                slot_of_[e] = -2; // seen
+                distinct_.push_back(e);
+            }
+        }
+    }
+    if (prefetch_) {
+        predictor_.score(*cache_, call->il, distinct_);
+        predictor_.predict(*cache_, call);
+    }
+    const std::vector<int32_t> & next = predictor_.predicted_for(call->il + 1);
+    AcquireRequest req;
+    req.il         = call->il;
+    req.experts    = distinct_.data();
+    req.n          = (int32_t) distinct_.size();
+    req.priority   = gate_key(token_, call->il, id_);
+    req.context    = id_;
+    req.prefetch   = next.empty() ? nullptr : next.data();
+    req.n_prefetch = (int32_t) next.size();
+    req.count      = call->il >= count_from_;
+    slots_.resize(distinct_.size());
+    const int32_t rc = cache_->acquire(req, slots_.data(), pins_, error_);
+    for (size_t i = 0; i < distinct_.size(); ++i) {
+        slot_of_[distinct_[i]] = rc == 0 ? slots_[i] : -1;
+    }
+    if (rc == 0) {
+        for (int32_t t = 0; t < call->n_tokens; ++t) {
+            for (int32_t j = 0; j < call->n_expert_used; ++j) {
+                const int32_t e = call->ids[t * call->ids_stride + j];
+                call->out[t * call->n_expert_used + j] = (int32_t) slot_of_[e];
+            }
+        }
+    }
+    for (int32_t e : distinct_) {
+        slot_of_[e] = -1;
+    }
+    if (rc == 0 && gate_) {
+        gate_->enter(gate_key(token_, call->il, id_));
+        holding_ = true;
+    }
+    const int64_t t_start = now_ns();
+    cache_->events().add({kEventWait, id_, call->il, -1, t_enter, t_start});
+    if (rc == 0) {
+        computing_       = call->il;
+        computing_since_ = t_start;
+    }
+    return rc;
+}
+
+} // namespace bevy

@@ -1,0 +1,75 @@
+// CacheHook: the MoE hook of one llama context served by the expert cache.
+//
+// At each MoE layer it unpins the previous layer's slots (their matmuls are done: the hook op
+// runs after them in graph order, and on a GPU ggml_backend_sched syncs before a CPU op), pins a
+// slot for each distinct selected expert (loading, and waiting for, the missing ones) and
+// rewrites the ids to slot ids; il = -1 (graph done) unpins. A route-only call (the layer-range
+// lookahead) records the selection and loads nothing. Gated hooks take turns at the cache's
+// compute gate, leaving it while they wait for experts.
+#pragma once
+
+#include "bevy.h"
+#include "expert_cache.hpp"
+#include "prefetch.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace bevy {
+
+class CacheHook {
+public:
+    explicit CacheHook(ExpertCache * cache);
+    ~CacheHook();
+    CacheHook(const CacheHook &) = delete;
+    CacheHook & operator=(const CacheHook &) = delete;
+
+    // the hook body (bevy_hook_fn): 0, or -1 with error()
+    int32_t call(const bevy_moe_call * call);
+    const std::string & error() const { return error_; }
+
+    void set_gated(bool gated);
+    void set_prefetch(bool on) {
+        prefetch_ = on;
+        predictor_.reset();
+    }
+    // before a decode: the token it decodes (its progress), the first layer whose lookups it
+    // counts, and a turn at the gate
+    void begin(int64_t token, int32_t count_from);
+    // after it (idempotent: graph done leaves the gate too)
+    void end();
+    // the distinct experts of groups of rows of the last route-only call (bevy_hook_routed)
+    int64_t routed(const int32_t * row_ends, int32_t n_groups, int32_t * experts, int64_t * offsets,
+                   int64_t max_experts, int32_t * il);
+
+private:
+    void leave_gate();
+    void end_compute(int64_t now);  // the layer computed since the last hook is done
+    int32_t record_route(const bevy_moe_call * call);
+
+    ExpertCache *        cache_;
+    int32_t              id_;               // registration in the cache (its position steers eviction)
+    std::vector<int64_t> pins_;             // slots of the layer the context computes now
+    std::vector<int32_t> distinct_;         // scratch: distinct experts of a call
+    std::vector<int64_t> slots_;            // scratch: their slots
+    std::vector<int64_t> slot_of_;          // scratch: expert -> slot for this call
+    std::string          error_;
+
+    ComputeGate *        gate_    = nullptr; // the cache's gate when this context is gated
+    bool                 holding_ = false;
+    int64_t              token_   = 0;       // the token this context decodes (its progress)
+    int32_t              computing_ = -1;    // the layer it computes since computing_since_ (-1: none)
+    int64_t              computing_since_ = 0;
+
+    int32_t              count_from_ = 0;    // count hits and misses at layers from this one on
+    std::vector<int32_t> routed_;            // ids of the last route-only call, token-major
+    std::vector<uint8_t> seen_;              // scratch: expert flags
+    int32_t              routed_il_ = -1;
+    int32_t              routed_k_  = 0;
+
+    bool                 prefetch_ = false;  // predict layer il + 1 from layer il's router input
+    NextLayerPredictor   predictor_;
+};
+
+} // namespace bevy

@@ -1,0 +1,142 @@
+// C API: the expert cache, its scheduling calls, the compute gate and events (include/bevy.h).
+#include "capi_common.hpp"
+
+using bevy::capi::guarded;
+using bevy::capi::last_error;
+
+bevy_cache_params bevy_cache_default_params(void) {
+    bevy_cache_params p = {};
+    p.policy          = BEVY_POLICY_NEXT_USE;
+    p.n_workers       = 2;
+    p.wait_timeout_ms = 0;
+    return p;
+}
+
+bevy_cache * bevy_cache_new(const bevy_cache_params * params, bevy_link * link) {
+    if (!params || !link) {
+        last_error() = "bevy_cache_new needs parameters and a link";
+        return nullptr;
+    }
+    if (params->policy < BEVY_POLICY_LRU || params->policy > BEVY_POLICY_RANDOM) {
+        last_error() = "unknown eviction policy " + std::to_string(params->policy);
+        return nullptr;
+    }
+    return guarded([&]() -> bevy_cache * {
+        bevy::CacheConfig cfg;
+        cfg.n_layer         = params->n_layer;
+        cfg.n_expert        = params->n_expert;
+        cfg.n_kinds         = params->n_kinds;
+        cfg.n_slots         = params->n_slots;
+        cfg.policy          = static_cast<bevy::Policy>(params->policy);
+        cfg.n_workers       = params->n_workers;
+        cfg.wait_timeout_ms = params->wait_timeout_ms;
+        cfg.seed            = params->seed;
+        for (int32_t k = 0; k < BEVY_MAX_KINDS; ++k) {
+            cfg.kind_bytes[k] = params->kind_bytes[k];
+        }
+        std::string err;
+        auto cache = std::make_unique<bevy::ExpertCache>(cfg, link->link.get(), err);
+        if (!cache->ok()) {
+            last_error() = err;
+            return nullptr;
+        }
+        return new bevy_cache{std::move(cache)};
+    }, nullptr);
+}
+
+void bevy_cache_free(bevy_cache * cache) {
+    delete cache;
+}
+
+int32_t bevy_cache_set_source(bevy_cache * cache, int32_t il, int32_t kind, uint64_t offset) {
+    const auto & cfg = cache->cache->config();
+    if (il < 0 || il >= cfg.n_layer || kind < 0 || kind >= cfg.n_kinds) {
+        last_error() = "bevy_cache_set_source: layer or kind out of range";
+        return -1;
+    }
+    cache->cache->set_source(il, kind, offset);
+    return 0;
+}
+
+void * bevy_cache_slot_data(bevy_cache * cache, int32_t kind) {
+    if (kind < 0 || kind >= cache->cache->config().n_kinds) {
+        last_error() = "bevy_cache_slot_data: kind out of range";
+        return nullptr;
+    }
+    return cache->cache->slot_data(kind);
+}
+
+int32_t bevy_cache_counters(const bevy_cache * cache, int32_t il, bevy_counters * out) {
+    if (il < -1 || il >= cache->cache->config().n_layer) {
+        last_error() = "bevy_cache_counters: layer " + std::to_string(il) + " out of range";
+        return -1;
+    }
+    *out = cache->cache->counters(il);
+    if (il < 0) {
+        out->compute_busy_ns = cache->cache->gate().busy_ns();
+        out->link_busy_ns    = cache->cache->link_busy_ns();
+    }
+    return 0;
+}
+
+int64_t bevy_cache_pinned(const bevy_cache * cache) {
+    return cache->cache->pinned();
+}
+
+int32_t bevy_cache_set_concurrency(bevy_cache * cache, int32_t n) {
+    if (n <= 0) {
+        last_error() = "concurrency must be positive";
+        return -1;
+    }
+    cache->cache->gate().set_capacity(n);
+    return 0;
+}
+
+int32_t bevy_cache_refresh(bevy_cache * cache, int32_t owner, bevy_flight * flights, int32_t n, bevy_pass * pass) {
+    const int32_t r = cache->cache->refresh(owner, flights, n, pass);
+    if (r < 0) {
+        last_error() = "bevy_cache_refresh: owner, layer or expert out of range";
+    }
+    return r;
+}
+
+void bevy_cache_lookups(const bevy_cache * cache, uint64_t * hits, uint64_t * misses, int32_t n_layer) {
+    cache->cache->lookups(hits, misses, n_layer);
+}
+
+uint64_t bevy_cache_version(const bevy_cache * cache) {
+    return cache->cache->version();
+}
+
+uint64_t bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, int32_t il) {
+    cache->cache->wait_change(since, timeout_ms, il);
+    return cache->cache->version();
+}
+
+void bevy_cache_unreserve_all(bevy_cache * cache, int32_t owner) {
+    cache->cache->unreserve_all(owner);
+}
+
+void bevy_cache_trace(bevy_cache * cache, int64_t max_events) {
+    cache->cache->events().enable(max_events);
+}
+
+int64_t bevy_cache_events(bevy_cache * cache, bevy_event * out, int64_t max) {
+    return cache->cache->events().drain(out, max);
+}
+
+int64_t bevy_now_ns(void) {
+    return bevy::now_ns();
+}
+
+int32_t bevy_cache_set_router(bevy_cache * cache, int32_t il, const float * weights, int32_t n_embd) {
+    const auto & cfg = cache->cache->config();
+    if (il < 0 || il >= cfg.n_layer || !weights || n_embd <= 0) {
+        last_error() = "bevy_cache_set_router: bad layer, weights or width";
+        return -1;
+    }
+    return guarded([&]() -> int32_t {
+        cache->cache->set_router(il, weights, n_embd);
+        return 0;
+    }, -1);
+}

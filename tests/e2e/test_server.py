@@ -1,0 +1,238 @@
+"""`bevy-gguf serve` with the official openai client, on loopback (docs/correctness.md for outputs)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from conftest import MARGIN, ROOT, run_json, tiny_spec
+
+from bevy_gguf.synth import ensure_model
+from bevy_gguf.synth.tokenizer import BYTE_BASE, SPACE_TOKEN
+
+PROMPTS = [f"request {i}: " + "abcdefgh"[i % 8] * (1 + i % 5) for i in range(16)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model: Path, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "bevy_gguf.cli", "serve", str(model), "--port",
+                                      str(self.port), *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {self.proc.stderr.read()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise RuntimeError("the server did not come up in 120 s")
+
+    def client(self, key: str = "none") -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics", timeout=5).text
+        return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if not line.startswith("#")}
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    return ensure_model(tiny_spec(layers=4, experts=16, top_k=2), progress=False)
+
+
+@pytest.fixture(scope="module")
+def server(model: Path) -> Iterator[Server]:
+    s = Server(model, "--parallel", "4", "--expert-cache", "50%", "--ctx-size", "256")
+    yield s
+    s.stop()
+
+
+def piece(token: int) -> bytes:
+    if token == SPACE_TOKEN:
+        return b" "
+    return bytes([token - BYTE_BASE]) if BYTE_BASE <= token < BYTE_BASE + 256 else b""
+
+
+@pytest.fixture(scope="module")
+def reference(model: Path) -> dict[str, str]:
+    """Each prompt's greedy text up to its first near-tie (margin < 0.05), from stock llama.cpp
+    decoding it alone: a concurrent answer must start with it."""
+    doc = run_json("run", model, "--engine", "stock", "--parallel", "1", "-n", "8",
+                   *[a for p in PROMPTS for a in ("-p", p)])
+    out = {}
+    for prompt, r in zip(PROMPTS, doc["requests"]):
+        n = next((i for i, m in enumerate(r["margins"]) if m < MARGIN), len(r["margins"]))
+        out[prompt] = b"".join(piece(t) for t in r["tokens"][:n]).decode("utf-8", errors="ignore")
+    return out
+
+
+def complete(client: openai.OpenAI, prompt: str, **kw: object) -> str:
+    return client.completions.create(model="m", prompt=prompt, max_tokens=8, temperature=0, **kw).choices[0].text
+
+
+def test_completion_chat_and_models(server: Server) -> None:
+    c = server.client()
+    r = c.completions.create(model="m", prompt="Hello", max_tokens=6, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].finish_reason in ("length", "stop")
+    assert r.usage.prompt_tokens == 6 and 1 <= r.usage.completion_tokens <= 6
+    chat = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi there"}], max_tokens=5,
+                                     temperature=0)
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 5
+    assert [m.id for m in c.models.list().data] == [Path(server.proc.args[4]).name]
+
+
+def test_streaming_equals_the_whole_answer(server: Server) -> None:
+    c = server.client()
+    whole = complete(c, PROMPTS[3])
+    chunks = list(c.completions.create(model="m", prompt=PROMPTS[3], max_tokens=8, temperature=0, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == whole
+    assert chunks[-1].choices[0].finish_reason in ("length", "stop")
+    chat = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
+                                          temperature=0, stream=True))
+    assert chat[0].choices[0].delta.role == "assistant" and chat[-1].choices[0].finish_reason is not None
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in chat)
+    whole_chat = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
+                                           temperature=0).choices[0].message.content
+    assert streamed == whole_chat
+
+
+def test_stop_strings(server: Server) -> None:
+    c = server.client()
+    text = complete(c, PROMPTS[5])
+    visible = [ch for ch in text[1:] if ch.strip()]
+    if not visible:
+        pytest.skip("the greedy text has nothing printable to stop at")
+    stop = visible[0]
+    r = c.completions.create(model="m", prompt=PROMPTS[5], max_tokens=8, temperature=0, stop=[stop])
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].text == text[: text.index(stop)]
+
+
+def test_concurrent_answers_equal_single_ones(server: Server, reference: dict[str, str]) -> None:
+    c = server.client()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda p: complete(c, p), PROMPTS))
+    for prompt, answer in zip(PROMPTS, answers):
+        assert answer.startswith(reference[prompt]), (prompt, answer, reference[prompt])
+
+
+def test_load_64_clients(server: Server, reference: dict[str, str]) -> None:
+    """64 concurrent clients, 320 requests: all complete, each the answer to its own prompt."""
+    rng = random.Random(0)
+    jobs = [rng.choice(PROMPTS) for _ in range(320)]
+    c = server.client()
+
+    def one(prompt: str) -> tuple[str, str, float]:
+        t = time.perf_counter()
+        return prompt, complete(c, prompt), time.perf_counter() - t
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(one, jobs))
+    wall = time.perf_counter() - t0
+    assert len(results) == len(jobs)
+    for prompt, answer, _ in results:
+        assert answer.startswith(reference[prompt])
+    lat = sorted(r[2] for r in results)
+    p99 = lat[int(0.99 * (len(lat) - 1))]
+    report = {"requests": len(jobs), "concurrency": 64, "errors": 0, "wall_s": round(wall, 2),
+              "p50_ms": round(1e3 * statistics.median(lat), 1), "p99_ms": round(1e3 * p99, 1)}
+    print("load test:", json.dumps(report))
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+
+
+def test_disconnect_frees_the_request(server: Server) -> None:
+    with httpx.Client(timeout=30) as http, http.stream(
+            "POST", server.url + "/v1/completions",
+            json={"prompt": "long story", "max_tokens": 200, "temperature": 0, "stream": True}) as r:
+        for n, _ in enumerate(r.iter_lines()):
+            if n >= 2:
+                break  # leave mid-stream
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        m = server.metrics()
+        if m["bevy_requests_running"] == 0 and m["bevy_requests_queued"] == 0:
+            break
+        time.sleep(0.2)
+    assert m["bevy_requests_running"] == 0 and m["bevy_requests_queued"] == 0
+    assert complete(server.client(), "after") is not None  # the server still serves
+
+
+def test_metrics_exposes_the_cache(server: Server) -> None:
+    m = server.metrics()
+    for key in ("bevy_requests_running", "bevy_requests_queued", "bevy_tokens_per_second",
+                "bevy_expert_cache_hit_rate", "bevy_expert_bytes_loaded_total", "bevy_expert_stall_seconds_total",
+                "bevy_link_utilization"):
+        assert key in m
+    assert m["bevy_expert_bytes_loaded_total"] > 0 and m["bevy_tokens_generated_total"] > 0
+
+
+@pytest.mark.parametrize("body,fragment", [
+    ('{"prompt": "x", "max_tokens": ', "not valid JSON"),
+    ('{"prompt": "x", "temperature": "hot"}', "temperature"),
+    ('{"prompt": "x", "max_tokens": 100000}', "beyond the context"),
+    ('{"prompt": ""}', "prompt is empty"),
+    ('{"max_tokens": 3}', "prompt"),
+])
+def test_bad_requests_get_400(server: Server, body: str, fragment: str) -> None:
+    r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and fragment in err["message"]
+
+
+def test_api_key(model: Path) -> None:
+    s = Server(model, "--parallel", "2", "--expert-cache", "50%", "--api-key", "sekrit")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            s.client("wrong").completions.create(model="m", prompt="x", max_tokens=2)
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "x"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert s.metrics()["bevy_tokens_generated_total"] == 0  # refused requests touched nothing
+        assert complete(s.client("sekrit"), "x")
+    finally:
+        s.stop()
+
+
+def test_full_queue_answers_503(model: Path) -> None:
+    s = Server(model, "--parallel", "1", "--max-queued", "1", "--expert-cache", "50%")
+    try:
+        def one(_: int) -> httpx.Response:
+            return httpx.post(s.url + "/v1/completions", json={"prompt": "busy", "max_tokens": 40}, timeout=60)
+
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(one, range(12)))
+        codes = [a.status_code for a in answers]
+        assert 503 in codes and 200 in codes and set(codes) <= {200, 503}
+        busy = next(a for a in answers if a.status_code == 503)
+        assert busy.headers["retry-after"] == "1" and busy.json()["error"]["type"] == "server_error"
+    finally:
+        s.stop()

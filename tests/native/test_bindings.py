@@ -1,0 +1,110 @@
+"""libbevy's bindings: the ABI check, typed handles, return values, and the hook's mechanism
+(routed experts per group, the state a failed call leaves)."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bevy_gguf._native import libbevy as native
+from bevy_gguf._native.bevy_handles import Link
+from bevy_gguf.config import LinkSpec
+from bevy_gguf.engine.cache_layout import CacheLayout
+from bevy_gguf.engine.expert_cache import ExpertCache
+from bevy_gguf.gguf_info import inspect_model
+
+
+def test_structs_and_constants_agree_with_the_library_and_a_wrong_one_is_named() -> None:
+    assert native.abi_mismatches(native.STRUCTS, native._CONSTANTS) == []
+    assert [f for f, _ in native.BevyCounters._fields_][:3] == ["hits", "misses", "loads"]
+    assert native.bevy_abi(b"sizeof:bevy_counters") == 8 * len(native.BevyCounters._fields_)
+    assert native.bevy_abi(b"no such thing") == -1
+
+    class Shifted(ctypes.Structure):  # bevy_event with its fields in the wrong order
+        _fields_ = [("context", ctypes.c_int32), ("kind", ctypes.c_int32), ("layer", ctypes.c_int32),
+                    ("expert", ctypes.c_int32), ("t0_ns", ctypes.c_int64), ("t1_ns", ctypes.c_int64)]
+
+    wrong = native.abi_mismatches({"bevy_event": Shifted}, {"BEVY_POLICY_LRU": 7})
+    assert wrong == ["BEVY_POLICY_LRU", "bevy_event.context", "bevy_event.kind"]
+
+
+def test_handles_are_typed(tmp_path: Path) -> None:
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"x" * 4096)
+    link = Link.file(blob)
+    with pytest.raises(ctypes.ArgumentError):
+        native.bevy_cache_pinned(link.handle)  # a link where a cache goes
+    with pytest.raises(ctypes.ArgumentError):
+        native.bevy_link_bounced(12345)  # a bare address
+    assert "file" in link.describe() and not link.emulated()
+    link.close()
+    link.close()  # freed once
+
+
+@pytest.fixture()
+def cache4(qwen3_tiny: Path) -> ExpertCache:
+    """4 slots over the tiny model (2 layers of 8 experts, top-2), from a RAM copy."""
+    info = inspect_model(qwen3_tiny)
+    with ExpertCache(info, 4 * CacheLayout.of(info).slot_bytes, LinkSpec.parse("ram")) as cache:
+        yield cache
+
+
+def call_hook(hook: object, il: int, ids: list[list[int]], route_only: bool, n_out_max: int = 4) -> tuple[int, list]:
+    """Call the hook body as the patched graph does: rows of k selected ids at layer il."""
+    k = len(ids[0])
+    flat = (ctypes.c_int32 * (len(ids) * k))(*(e for row in ids for e in row))
+    out = (ctypes.c_int32 * (len(ids) * k))()
+    call = native.BevyMoeCall(il=il, n_expert=8, n_expert_used=k, n_tokens=len(ids), ids=flat, ids_stride=k,
+                              out=out, n_out_max=n_out_max, router_in=None, router_in_stride=0, n_embd=0,
+                              route_only=int(route_only))
+    rc = native.bevy_hook_fn(hook.user_data, ctypes.byref(call))
+    return rc, list(out)
+
+
+def test_routed_gives_each_group_its_distinct_experts_sorted(cache4: ExpertCache) -> None:
+    hook = cache4.native.new_hook()
+    assert call_hook(hook, 1, [[5, 2], [2, 7], [3, 3], [0, 6]], route_only=True)[0] == 0
+    assert hook.routed([2, 3, 4], k=2) == (1, [(2, 5, 7), (3,), (0, 6)])
+    assert hook.routed([4], k=2) == (1, [(0, 2, 3, 5, 6, 7)])
+    assert hook.routed([1, 1, 2], k=2) == (1, [(2, 5), (), (2, 7)])
+    with pytest.raises(Exception, match="lookahead"):
+        hook.routed([5], k=2)  # more rows than the call had
+    assert cache4.pinned() == 0  # a route-only call pins nothing
+
+
+def test_a_bad_expert_id_fails_the_call_and_leaves_no_trace(cache4: ExpertCache) -> None:
+    hook = cache4.native.new_hook()
+    hook.begin(0)
+    rc, _ = call_hook(hook, 0, [[1, 2], [3, 9]], route_only=False)  # 9 is not an expert of 8
+    assert rc == -1 and "out of range" in hook.last_error()
+    rc, out = call_hook(hook, 0, [[1, 2]], route_only=False)  # experts the failed call had seen
+    assert rc == 0 and sorted(out) == sorted(set(out)) and all(0 <= s < 4 for s in out)
+    assert cache4.counters(0)["misses"] == 2
+    call_hook(hook, -1, [[0, 0]], route_only=False)  # graph done: unpin
+    hook.end()
+    assert cache4.pinned() == 0
+
+
+def test_wait_returns_on_timeout_and_counters_refuse_a_bad_layer(cache4: ExpertCache) -> None:
+    version = native.bevy_cache_version(cache4.native.handle)
+    assert native.bevy_cache_wait(cache4.native.handle, version, 20, 0) == version  # timed out
+    assert cache4.wait(version, 20, 0) is False
+    out = native.BevyCounters()
+    assert native.bevy_cache_counters(cache4.native.handle, 5, ctypes.byref(out)) == -1
+    assert "out of range" in native.last_error()
+    assert native.bevy_cache_counters(cache4.native.handle, -1, ctypes.byref(out)) == 0
+
+
+def test_a_pass_reports_the_version_before_it_and_every_layers_lookups(cache4: ExpertCache) -> None:
+    flights = cache4.flights()
+    flights.fill([0, 1], [(0, 1), (2,)], [0, 1], [True, True], [True, True])
+    before = native.bevy_cache_version(cache4.native.handle)
+    cache4.refresh(0, flights)
+    assert flights.pass_.version == before
+    assert flights.absent() == [2, 1]
+    assert (list(flights.hits), list(flights.misses)) == ([0, 0], [2, 1])
+    assert np.all(flights.rows["absent"][:2] == [2, 1])
+    cache4.unreserve_all(0)

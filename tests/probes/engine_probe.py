@@ -1,0 +1,61 @@
+"""Runs requests on the bevy engine inside one process and prints JSON (for the tests).
+
+usage: engine_probe.py MODEL SCHEDULER CACHE PARALLEL SPEC.json
+SPEC: {"prompts": [...], "max_tokens": n, "stop": [...], "bad": [indices of requests given an
+invalid token], "eviction": "...", "seed": n, "cancel": [[request, step], ...] (bevy: cancel a
+request before that scheduling step, wherever its token stands), "threads": n (default 2),
+"link": "..." (default file)}
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from bevy_gguf.config import EngineConfig
+from bevy_gguf.engine.engine import LLMEngine
+from bevy_gguf.engine.request import Request
+
+
+def main() -> int:
+    model_path, scheduler, size, parallel = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+    spec = json.loads(Path(sys.argv[5]).read_text())
+    config = EngineConfig(model=model_path, scheduler=scheduler, expert_cache=size, n_parallel=parallel,
+                          n_threads=spec.get("threads", 2), link=spec.get("link", "file"),
+                          eviction=spec.get("eviction", "next-use"), wait_timeout_s=60, seed=spec.get("seed", 0))
+    with LLMEngine(config) as engine:
+        requests = []
+        for i, p in enumerate(spec["prompts"]):
+            tokens = engine.model.tokenize(p)
+            if i in spec.get("bad", []):
+                tokens[len(tokens) // 2] = 10**6  # not a token: this request's decode fails
+            requests.append(Request(prompt=p, prompt_tokens=tokens, max_tokens=spec["max_tokens"],
+                                    stop=tuple(spec.get("stop", ()))))
+        runner = engine.make_runner(parallel)
+        cancel = {step: i for i, step in spec.get("cancel", [])}
+        cancelled_at: dict[int, list] = {}
+        if cancel:
+            def on_step(step: int, flights: list) -> None:
+                if step in cancel and cancel[step] not in cancelled_at:
+                    i = cancel[step]
+                    f = next((f for f in flights if f.index == i), None)
+                    if f is None:  # in another lane (bevy runs a step loop per lane)
+                        return
+                    cancelled_at[i] = [f.layer, f.pos0, f.prefill]
+                    requests[i].cancelled = True
+            runner.on_step = on_step
+        stats = engine.generate(requests, runner)
+        print(json.dumps({
+            "requests": [{"tokens": r.tokens, "margins": r.margins, "error": r.error, "finish": r.finish_reason}
+                         for r in requests],
+            "pinned_after": engine.cache.pinned(),
+            "micro_batch": runner.micro_batch, "decode_tokens": stats.decode_tokens,
+            "counters": engine.counters(), "link": engine.cache.link_name,
+            "cancelled_at": cancelled_at,
+        }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""EngineConfig: one place that validates every option, with the fix in the message."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bevy_gguf.config import EngineConfig, physical_cores
+from bevy_gguf.errors import BevyError
+
+
+def test_defaults_read_the_machine_not_a_constant() -> None:
+    cfg = EngineConfig(model=Path("m.gguf"))
+    assert cfg.n_threads == physical_cores()
+    assert 1 <= physical_cores() <= (os.cpu_count() or 1)
+    assert (cfg.engine, cfg.scheduler, cfg.expert_cache, cfg.link) == ("bevy", "bevy", "25%", "file")
+
+
+@pytest.mark.parametrize("bad,fragment", [
+    ({"n_parallel": 0}, "n_parallel must be at least 1"),
+    ({"n_threads": "2"}, "n_threads must be an integer"),
+    ({"scheduler": "magic"}, "unknown scheduler 'magic': choose one of bevy, bevy-ctx, prefetch, blocking"),
+    ({"engine": "gpu"}, "unknown engine"),
+    ({"eviction": "fifo"}, "unknown eviction policy"),
+    ({"expert_cache": "0%"}, "must lie in (0, 100]"),
+    ({"expert_cache": "lots"}, "give a percentage"),
+    ({"link": "nfs"}, "choose file, ram, or throttle"),
+    ({"link": "throttle:fast"}, "write it like 200MB/s"),
+    ({"wait_timeout_s": 0}, "wait timeout must be positive"),
+    ({"n_ctx": 1}, "n_ctx must be an integer of at least 2"),
+    ({"flash_attn": "yes"}, "choose one of auto, off, on"),
+])
+def test_every_bad_value_is_one_clear_error(bad: dict, fragment: str) -> None:
+    with pytest.raises(BevyError, match=None) as e:
+        EngineConfig(model=Path("m.gguf"), **bad)
+    assert fragment in str(e.value)
+
+
+def test_from_kwargs_keeps_what_it_knows_and_returns_the_rest() -> None:
+    cfg, rest = EngineConfig.from_kwargs("m.gguf", n_parallel=3, scheduler="blocking", verbose=True, top_p=0.5)
+    assert (cfg.n_parallel, cfg.scheduler, cfg.model) == (3, "blocking", Path("m.gguf"))
+    assert rest == {"verbose": True, "top_p": 0.5}
+    assert cfg.cache_bytes(1000) == 250 and cfg.link_spec.base == "file" and cfg.flash_attn_type == -1
