@@ -152,6 +152,6 @@ def write_outputs(report: dict[str, Any], out: Path, command: str) -> list[Path]
 
 
 def public_json(report: dict[str, Any]) -> dict[str, Any]:
-    """The bench document (docs/cli.md; (timelines go to timeline.json)."""
+    """The bench document (docs/cli.md; timelines go to timeline.json)."""
     return {"protocol": report["protocol"], "runs": report["runs"], "bound": report["bound"],
             "ratios": [r.as_json() for r in measured_ratios(report)]}

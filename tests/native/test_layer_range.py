@@ -1,4 +1,4 @@
-"""llama_decode_layers (patches 0003, 0004): layer-range calls reproduce llama_decode."""
+"""llama_decode_layers (patch 0003): layer-range calls reproduce llama_decode."""
 
 from __future__ import annotations
 
