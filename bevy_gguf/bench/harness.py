@@ -23,7 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from bevy_gguf.bench.memcap import MemoryCap, evict_page_cache
-from bevy_gguf.bench.worker import BEVY_SYSTEMS, SYSTEMS
+from bevy_gguf.bench.worker import BEVY_SYSTEMS, STOCK_SYSTEMS, SYSTEMS
 from bevy_gguf.config import LinkSpec, parse_cache_size, physical_cores
 from bevy_gguf.engine.cache_layout import CacheLayout
 from bevy_gguf.engine.stats import hit_rate
@@ -47,6 +47,7 @@ class BenchConfig:
     repeats: int = 3
     systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
     caches: list[str] = field(default_factory=lambda: ["25%"])
+    links: list[str] = field(default_factory=list)  # a link sweep (default: link alone)
     workload: str = "text"
     seed: int = 0
     timeline: bool = True
@@ -59,11 +60,19 @@ class BenchConfig:
             raise BevyError(f"--workload {self.workload}: choose text or generate")
         if self.repeats < 1:
             raise BevyError("--repeats must be at least 1")
-        LinkSpec.parse(self.link)
+        if not self.links:
+            self.links = [self.link]
+        for link in [self.link, *self.links]:
+            LinkSpec.parse(link)
+
+    def points(self, expert_bytes: int) -> list[tuple[str, float, str]]:
+        """(cache, cache %, link) of every point of the sweep, caches outer."""
+        return [(c, 100 * parse_cache_size(c, expert_bytes) / expert_bytes, link)
+                for c in self.caches for link in self.links]
 
 
-def _spec(cfg: BenchConfig, system: str, cache: str, trace_events: int = 0) -> dict[str, Any]:
-    return {"model": str(cfg.model), "system": system, "cache": cache, "link": cfg.link, "parallel": cfg.parallel,
+def _spec(cfg: BenchConfig, system: str, cache: str, link: str, trace_events: int = 0) -> dict[str, Any]:
+    return {"model": str(cfg.model), "system": system, "cache": cache, "link": link, "parallel": cfg.parallel,
             "requests": cfg.requests, "threads": cfg.threads, "prompt_tokens": cfg.prompt_tokens, "steps": cfg.steps,
             "workload": cfg.workload, "seed": cfg.seed, "eviction": cfg.eviction, "trace_events": trace_events}
 
@@ -95,10 +104,13 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over the repeats of one system at one cache point (a row of bench --json, docs/cli.md)."""
+def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], link_point: str | None = None
+                  ) -> dict[str, Any]:
+    """Medians over the repeats of one system at one point of the sweep (a row of bench --json,
+    docs/cli.md); link_point is the --link of the point (None: a stock system, which has none)."""
     ok = [r for r in runs if "error" not in r]
-    row: dict[str, Any] = {"system": system, "cache": cache_pct, "repeats": [r.get("tok_per_s") for r in ok]}
+    row: dict[str, Any] = {"system": system, "cache": cache_pct, "link_point": link_point,
+                           "repeats": [r.get("tok_per_s") for r in ok]}
     if not ok:
         row |= {"status": runs[0]["error"] if runs else "not run", "tok_per_s": None, "cache_bytes": None,
                 "tpot_p50_ms": None, "tpot_p99_ms": None, "ttft_ms": None, "hit_rate": None, "bytes_loaded": None,
@@ -184,71 +196,80 @@ def touched_experts(order: dict[str, Any]) -> int:
 def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     info = inspect_model(cfg.model)
     layout = CacheLayout.of(info)
-    cache_points = [(c, 100 * parse_cache_size(c, info.expert_bytes) / info.expert_bytes) for c in cfg.caches]
-    others = [s for s in cfg.systems if s != "stock-resident"]
-    plan = cfg.repeats * (("stock-resident" in cfg.systems or "stock-offload" in cfg.systems)
-                          + len(cache_points) * len(others))
+    points = cfg.points(info.expert_bytes)
+    caches = list(dict.fromkeys((c, pct) for c, pct, _ in points))
+    others = [s for s in cfg.systems if s not in STOCK_SYSTEMS]
+    offload = "stock-offload" in cfg.systems
+    plan = cfg.repeats * (("stock-resident" in cfg.systems or offload) + offload * len(caches)
+                          + len(points) * len(others))
     bar = tqdm(total=plan, desc="bench", unit="run", disable=not progress)
     resident: list[dict[str, Any]] = []
-    runs: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    runs: dict[tuple[str, float, str | None], list[dict[str, Any]]] = {}
     timelines: dict[str, dict[str, Any]] = {}
     cap_notes: dict[float, str] = {}
     for repeat in range(cfg.repeats):
-        if "stock-resident" in cfg.systems or "stock-offload" in cfg.systems:
+        if "stock-resident" in cfg.systems or offload:
             bar.set_postfix_str(f"stock-resident, repeat {repeat + 1}")
-            resident.append(run_worker(_spec(cfg, "stock-resident", "100%")))
+            resident.append(run_worker(_spec(cfg, "stock-resident", "100%", cfg.link)))
             bar.update()
-        for cache, pct in cache_points:
-            for system in others:
-                bar.set_postfix_str(f"{system} at {cache}, repeat {repeat + 1}")
-                trace = TRACE_EVENTS if (cfg.timeline and repeat == 0 and cache == cache_points[0][0]
-                                         and system in BEVY_SYSTEMS) else 0
-                if system == "stock-offload":
-                    result = _run_offload(cfg, info, pct, resident, cap_notes)
-                else:
-                    result = run_worker(_spec(cfg, system, cache, trace))
-                if trace and "error" not in result:
-                    timelines[system] = {"events": result.pop("events"), "request_times": result["request_times"]}
-                result.pop("events", None)
-                runs.setdefault((system, pct), []).append(result)
+        for cache, pct in caches:
+            if offload:  # stock reads the file through mmap: the same at every link point
+                bar.set_postfix_str(f"stock-offload at {cache}, repeat {repeat + 1}")
+                runs.setdefault(("stock-offload", pct, None), []).append(
+                    _run_offload(cfg, info, pct, resident, cap_notes))
                 bar.update()
+            for link in (p[2] for p in points if p[0] == cache):
+                for system in others:
+                    bar.set_postfix_str(f"{system} at {cache}, {link}, repeat {repeat + 1}")
+                    trace = TRACE_EVENTS if (cfg.timeline and repeat == 0 and (cache, link) == points[0][::2]
+                                             and system in BEVY_SYSTEMS) else 0
+                    result = run_worker(_spec(cfg, system, cache, link, trace))
+                    if trace and "error" not in result:
+                        timelines[system] = {"events": result.pop("events"), "request_times": result["request_times"]}
+                    result.pop("events", None)
+                    runs.setdefault((system, pct, link), []).append(result)
+                    bar.update()
     bar.close()
 
     rows = []
     if "stock-resident" in cfg.systems:
         rows.append(summarize_row("stock-resident", 100.0, resident))
-    for _, pct in cache_points:
-        for system in others:
-            row = summarize_row(system, pct, runs[(system, pct)])
-            if system == "stock-offload" and pct in cap_notes:
+    for cache, pct in caches:
+        if offload:
+            row = summarize_row("stock-offload", pct, runs[("stock-offload", pct, None)])
+            if pct in cap_notes:
                 row["memory_cap"] = cap_notes[pct]
             rows.append(row)
+        for link in (p[2] for p in points if p[0] == cache):
+            rows += [summarize_row(system, pct, runs[(system, pct, link)], link) for system in others]
 
-    # the bound of each cache point
+    # the bound of each point
     decode_tokens = cfg.requests * cfg.steps
     compute_s = fastest_compute_s(resident, rows, decode_tokens)
-    link_rate = _link_rate(cfg, rows)
     order = reference_order(cfg)
     bound = []
-    for cache, pct in cache_points:
+    for cache, pct, link in points:
+        link_rate = _link_rate(link, [r for r in rows if r.get("link_point") == link])
         n_slots = min(parse_cache_size(cache, info.expert_bytes) // layout.slot_bytes, info.n_layer * info.n_expert)
         misses = belady_misses(order, n_slots)
         online = policy_misses(order, n_slots, cfg.eviction, info.n_layer, info.n_expert)
         link_s, online_link_s = ((m * layout.slot_bytes / link_rate if link_rate else None) for m in (misses, online))
-        bound.append({"cache": pct, "tok_per_s": _bound_tok_per_s(decode_tokens, compute_s, link_s),
+        bound.append({"cache": pct, "link_point": link, "link_rate_bytes_per_s": link_rate,
+                      "tok_per_s": _bound_tok_per_s(decode_tokens, compute_s, link_s),
                       "belady_misses": misses, "belady_bytes": misses * layout.slot_bytes,
                       "compute_s": compute_s, "link_s": link_s, "online_policy": cfg.eviction,
                       "online_misses": online, "online_link_s": online_link_s,
                       "online_tok_per_s": _bound_tok_per_s(decode_tokens, compute_s, online_link_s)})
     for row in rows:
-        b = next((b for b in bound if b["cache"] == row["cache"]), None)
+        b = next((b for b in bound if b["cache"] == row["cache"] and b["link_point"] == row["link_point"]), None)
         ok = b and b["tok_per_s"] and row["tok_per_s"]
         row["pct_of_bound"] = row["tok_per_s"] / b["tok_per_s"] if ok else None
     protocol = asdict(cfg) | {"model": str(cfg.model), "model_bytes": info.file_bytes,
                               "expert_bytes": info.expert_bytes, "slot_bytes": layout.slot_bytes,
                               "decode_tokens": decode_tokens, "touched_experts": touched_experts(order),
                               "n_experts": info.n_layer * info.n_expert,
-                              "link_rate_bytes_per_s": link_rate, "machine": _machine()}
+                              "link_rate_bytes_per_s": bound[0]["link_rate_bytes_per_s"] if bound else None,
+                              "machine": _machine()}
     return {"protocol": protocol, "runs": rows, "bound": bound, "timelines": timelines}
 
 
@@ -266,7 +287,7 @@ def _run_offload(cfg: BenchConfig, info: Any, pct: float, resident: list[dict[st
     notes[pct] = f"cgroup v{cap.version} memory cap {limit / 2**20:.1f} MiB"
     try:
         evict_page_cache(cfg.model)
-        return run_worker(_spec(cfg, "stock-offload", f"{pct}%"), cap=cap)
+        return run_worker(_spec(cfg, "stock-offload", f"{pct}%", cfg.link), cap=cap)
     finally:
         cap.close()
 
@@ -280,9 +301,10 @@ def fastest_compute_s(resident: list[dict[str, Any]], rows: list[dict[str, Any]]
     return min(candidates) if candidates else None
 
 
-def _link_rate(cfg: BenchConfig, rows: list[dict[str, Any]]) -> float | None:
-    """Bytes/s of the link: the throttle's rate, else measured (blocking's bytes / link busy)."""
-    spec = LinkSpec.parse(cfg.link)
+def _link_rate(link: str, rows: list[dict[str, Any]]) -> float | None:
+    """Bytes/s of a link: the throttle's rate, else measured (the best bytes / link busy of
+    the rows run over it)."""
+    spec = LinkSpec.parse(link)
     if spec.rate:
         return spec.rate
     rates = [r["bytes_loaded"] / r["link_busy_s"] for r in rows

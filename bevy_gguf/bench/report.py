@@ -16,10 +16,21 @@ def _fmt(value: Any, spec: str = ".1f", none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
+def _link_cell(link: str | None) -> str:
+    """A link point as a table cell: the throttle's rate, or the link as given."""
+    if link and link.startswith("throttle:"):
+        return f"{link.split(':')[1]} (emulated)"
+    return link or "-"
+
+
 def markdown(report: dict[str, Any], command: str) -> str:
     p = report["protocol"]
+    sweep = len({r.get("link_point") for r in report["runs"] if r.get("link_point")}) > 1  # a link column
     link = next((r["link"] for r in report["runs"] if r.get("link")), p["link"])
-    if link.startswith("file (O_DIRECT)"):
+    if sweep:
+        links = list(dict.fromkeys(r["link"] for r in report["runs"] if r.get("link") and r.get("link_point")))
+        link = "swept: " + "; ".join(links)
+    elif link.startswith("file (O_DIRECT)"):
         bounced = any(r.get("link_bounced") for r in report["runs"])
         link += ", experts through a bounce buffer (unaligned)" if bounced else ", experts read straight into slots"
     lines = [
@@ -32,19 +43,21 @@ def markdown(report: dict[str, Any], command: str) -> str:
         f"Workload: {p['workload']} ({'teacher-forced texts' if p['workload'] == 'text' else 'greedy generation'}), "
         f"{p['requests']} requests, {p['prompt_tokens']}-token prompts, {p['steps']} decode steps each, "
         f"--parallel {p['parallel']}, {p['threads']} threads. Link: {link}"
-        + (f", measured {p['link_rate_bytes_per_s'] / 1e9:.2f} GB/s" if p.get("link_rate_bytes_per_s") else "")
+        + (f", measured {p['link_rate_bytes_per_s'] / 1e9:.2f} GB/s" if p.get("link_rate_bytes_per_s") and not sweep
+           else "")
         + f". {p['repeats']} runs per row (median), systems interleaved, cold cache per run.",
         "",
-        "| system | cache | tok/s | % of bound | TPOT p50 / p99 ms | TTFT ms | hit rate | MB loaded | link util | "
-        "link GB/s while busy | overlap eff. | status |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| system | cache | " + ("link | " if sweep else "") + "tok/s | % of bound | TPOT p50 / p99 ms | TTFT ms | "
+        "hit rate | MB loaded | link util | link GB/s while busy | overlap eff. | status |",
+        "|---|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["runs"]:
         status = r.get("status", "")
         if r.get("memory_cap"):
             status += f" ({r['memory_cap']})"
+        link = f"{_link_cell(r.get('link_point'))} | " if sweep else ""
         lines.append(
-            f"| {r['system']} | {r['cache']:.0f}% | {_fmt(r['tok_per_s'])} | "
+            f"| {r['system']} | {r['cache']:.0f}% | {link}{_fmt(r['tok_per_s'])} | "
             f"{_fmt(r['pct_of_bound'] and 100 * r['pct_of_bound'], '.0f')} | "
             f"{_fmt(r['tpot_p50_ms'])} / {_fmt(r['tpot_p99_ms'])} | {_fmt(r['ttft_ms'], '.0f')} | "
             f"{_fmt(r['hit_rate'], '.3f')} | {_fmt(r['bytes_loaded'] and r['bytes_loaded'] / 1e6, '.0f')} | "
@@ -52,15 +65,17 @@ def markdown(report: dict[str, Any], command: str) -> str:
             f"{_fmt(r.get('link_bytes_per_s') and r['link_bytes_per_s'] / 1e9, '.2f')} | "
             f"{_fmt(r['overlap_efficiency'], '.2f')} | {status} |")
     policy = next((b.get("online_policy") for b in report["bound"]), None) or "next-use"
-    lines += ["", "Bound per cache point (the larger of the compute time, the fastest decode measured with every "
+    lines += ["", "Bound per point (the larger of the compute time, the fastest decode measured with every "
               "expert in memory, stock-resident or any system at a 100% cache, and the link time of Belady's "
               f"optimal misses of the recorded order); the online bound puts the misses of `{policy}` (the "
               "live cache's eviction) replayed on that order in place of Belady's (a reference, not a limit: "
               "a scheduler whose lookahead reveals part of the future can load less):", "",
-              f"| cache | bound tok/s | Belady misses | compute s | link s | {policy} misses | online bound tok/s |",
-              "|---|---|---|---|---|---|---|"]
+              "| cache | " + ("link | " if sweep else "") + f"bound tok/s | Belady misses | compute s | link s | "
+              f"{policy} misses | online bound tok/s |",
+              "|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|"]
     for b in report["bound"]:
-        lines.append(f"| {b['cache']:.0f}% | {_fmt(b['tok_per_s'])} | {b['belady_misses']} | "
+        link = f"{_link_cell(b.get('link_point'))} | " if sweep else ""
+        lines.append(f"| {b['cache']:.0f}% | {link}{_fmt(b['tok_per_s'])} | {b['belady_misses']} | "
                      f"{_fmt(b['compute_s'], '.2f')} | {_fmt(b['link_s'], '.2f')} | {b.get('online_misses', '-')} | "
                      f"{_fmt(b.get('online_tok_per_s'))} |")
     touched, n_experts = p.get("touched_experts"), p.get("n_experts")
@@ -71,11 +86,13 @@ def markdown(report: dict[str, Any], command: str) -> str:
     if ratios:
         lines += ["", f"Ratios measured in this run, against their targets ({TARGETS}); per repeat: the lowest and "
                   "highest ratio of the two systems' runs in the same repeat:", "",
-                  "| ratio | cache | value | per repeat | target | verdict |", "|---|---|---|---|---|---|"]
+                  "| ratio | cache | " + ("link | " if sweep else "") + "value | per repeat | target | verdict |",
+                  "|---|---|" + ("---|" if sweep else "") + "---|---|---|---|"]
         for r in ratios:
             spread = f"{r.low:.2f}–{r.high:.2f}" if r.low is not None else "-"
             target = f"≥ {r.target:g}" if r.target is not None else "-"
-            lines.append(f"| {r.name} | {r.cache:.0f}% | {r.value:.2f} | {spread} | {target} | {verdict(r)} |")
+            link = f"{_link_cell(r.link)} | " if sweep else ""
+            lines.append(f"| {r.name} | {r.cache:.0f}% | {link}{r.value:.2f} | {spread} | {target} | {verdict(r)} |")
     lines += ["", "Definitions: tok/s = decode tokens / decode wall time (prefill excluded, TTFT apart); compute busy ="
               " time at least one graph computes; link busy = time at least one transfer is in flight; overlap "
               "efficiency = max(compute busy, link busy) / decode wall time.", ""]
@@ -89,6 +106,14 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    links = {r.get("link_point") for r in report["runs"] if r.get("link_point")}
+    caches = {r["cache"] for r in report["runs"] if r.get("link_point")}
+    if len(links) > 1 and len(caches) == 1:
+        _plot_links(report, ax)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return
     systems = sorted({r["system"] for r in report["runs"]})
     for system in systems:
         pts = sorted((r["cache"], r["tok_per_s"]) for r in report["runs"] if r["system"] == system and r["tok_per_s"])
@@ -110,6 +135,31 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _plot_links(report: dict[str, Any], ax: Any) -> None:
+    """Throughput against the emulated link's rate (one cache point)."""
+    from bevy_gguf.config import LinkSpec
+
+    def rate(link: str) -> float | None:
+        return LinkSpec.parse(link).rate
+
+    for system in sorted({r["system"] for r in report["runs"] if r.get("link_point")}):
+        pts = sorted((rate(r["link_point"]) / 1e9, r["tok_per_s"]) for r in report["runs"]
+                     if r["system"] == system and r.get("link_point") and rate(r["link_point"]) and r["tok_per_s"])
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
+    bound = sorted((rate(b["link_point"]) / 1e9, b["tok_per_s"]) for b in report["bound"]
+                   if b.get("link_point") and rate(b["link_point"]) and b["tok_per_s"])
+    if bound:
+        ax.plot([b[0] for b in bound], [b[1] for b in bound], linestyle="--", color="black", label="bound")
+    ax.set_xscale("log")
+    ax.set_xlabel("emulated link rate (GB/s)")
+    ax.set_ylabel("decode tok/s")
+    cache = next(r["cache"] for r in report["runs"] if r.get("link_point"))
+    ax.set_title(f"decode throughput vs link rate (expert cache {cache:.0f}%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def timeline(report: dict[str, Any]) -> dict[str, Any]:

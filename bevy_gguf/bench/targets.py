@@ -29,6 +29,7 @@ class Ratio:
     low: float | None = None    # per-repeat range (None: the repeats do not pair up)
     high: float | None = None
     target: float | None = None
+    link: str | None = None     # the --link of the point (a link sweep has several)
 
     @property
     def met(self) -> bool | None:
@@ -40,8 +41,8 @@ class Ratio:
         return self.target is not None and self.low is not None and self.low < self.target <= self.high
 
     def as_json(self) -> dict[str, Any]:
-        return {"ratio": self.name, "cache": self.cache, "value": self.value, "low": self.low, "high": self.high,
-                "target": self.target, "met": self.met}
+        return {"ratio": self.name, "cache": self.cache, "link": self.link, "value": self.value, "low": self.low,
+                "high": self.high, "target": self.target, "met": self.met}
 
 
 def target_of(name: str, cache: float) -> float | None:
@@ -63,30 +64,35 @@ def _paired(a: list[float | None], b: list[float | None], repeats: int) -> tuple
 
 
 def measured_ratios(report: dict[str, Any]) -> list[Ratio]:
-    """bevy against every other system at each cache point, bevy at 100% against stock-resident,
-    and bevy against the bound and the online bound; cache points in order."""
+    """bevy against every other system at each point (cache, link) of the sweep, bevy at 100%
+    against stock-resident, and bevy against the bound and the online bound; points in order.
+    Stock systems have no link: their rows serve every link point of their cache, except that
+    stock-offload (mmap from the disk) is only compared where bevy's link is not emulated."""
     repeats = report.get("protocol", {}).get("repeats", 0)
-    rows = {(r["system"], r["cache"]): r for r in report["runs"] if r.get("tok_per_s")}
-    bounds = {b["cache"]: b["tok_per_s"] for b in report.get("bound", []) if b.get("tok_per_s")}
-    online = {b["cache"]: b["online_tok_per_s"] for b in report.get("bound", []) if b.get("online_tok_per_s")}
+    rows = {(r["system"], r["cache"], r.get("link_point")): r for r in report["runs"] if r.get("tok_per_s")}
+    bounds = {(b["cache"], b.get("link_point")): b for b in report.get("bound", [])}
     out: list[Ratio] = []
-    for cache in sorted({c for s, c in rows if s == "bevy"}):
-        bevy = rows[("bevy", cache)]
-        others = [(o, cache) for o in NEVER_SLOWER]
+    points = list(dict.fromkeys((c, link) for s, c, link in rows if s == "bevy"))
+    for cache, link in sorted(points, key=lambda p: p[0]):
+        bevy = rows[("bevy", cache, link)]
+        others = [(o, cache, link) for o in NEVER_SLOWER if o != "stock-offload"]
+        if not (link or "").startswith("throttle"):
+            others.append(("stock-offload", cache, None))
         if round(cache) == 100:
-            others.append(("stock-resident", 100.0))
+            others.append(("stock-resident", 100.0, None))
         for key in others:
             if key not in rows:
                 continue
             name = f"bevy / {key[0]}"
             low, high = _paired(bevy.get("repeats", []), rows[key].get("repeats", []), repeats)
             out.append(Ratio(name, cache, bevy["tok_per_s"] / rows[key]["tok_per_s"], low, high,
-                             target_of(name, cache)))
-        for name, limits in (("bevy / bound", bounds), ("bevy / online bound", online)):  # the latter: no target
-            if cache in limits:
+                             target_of(name, cache), link))
+        b = bounds.get((cache, link), {})
+        for name, limit in (("bevy / bound", b.get("tok_per_s")), ("bevy / online bound", b.get("online_tok_per_s"))):
+            if limit:  # the online bound is a reference: no target
                 runs = bevy.get("repeats", [])
-                low, high = _paired(runs, [limits[cache]] * len(runs), repeats)
-                out.append(Ratio(name, cache, bevy["tok_per_s"] / limits[cache], low, high, target_of(name, cache)))
+                low, high = _paired(runs, [limit] * len(runs), repeats)
+                out.append(Ratio(name, cache, bevy["tok_per_s"] / limit, low, high, target_of(name, cache), link))
     return out
 
 

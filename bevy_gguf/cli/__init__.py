@@ -126,17 +126,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from bevy_gguf.bench.harness import BenchConfig, run_bench
     from bevy_gguf.bench.report import markdown, public_json, write_outputs
 
-    caches = [args.expert_cache]
-    if args.sweep:
-        key, _, values = args.sweep.partition("=")
-        if key != "cache" or not values:
-            raise BevyError(f"--sweep {args.sweep}: write it as cache=25%,50%,90%")
-        caches = [v for v in values.split(",") if v]
+    sweeps = {"cache": [args.expert_cache], "link": [args.link]}
+    for sweep in args.sweep or []:
+        key, _, values = sweep.partition("=")
+        if key not in sweeps or not values:
+            raise BevyError(f"--sweep {sweep}: write it as cache=25%,50%,90% or link=throttle:1GB/s:ram,...")
+        sweeps[key] = [v for v in values.split(",") if v]
     cfg = BenchConfig(model=Path(args.model), parallel=args.parallel, requests=args.requests or args.parallel,
                       prompt_tokens=args.prompt_tokens, steps=args.steps, threads=args.threads, link=args.link,
                       eviction=args.eviction, repeats=args.repeats,
-                      systems=[s for s in args.systems.split(",") if s], caches=caches, workload=args.workload,
-                      timeline=bool(args.out))
+                      systems=[s for s in args.systems.split(",") if s], caches=sweeps["cache"],
+                      links=sweeps["link"], workload=args.workload, timeline=bool(args.out))
     from bevy_gguf.gguf_info import inspect_model
 
     inspect_model(cfg.model)
@@ -236,7 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("-np", "--parallel", type=positive("--parallel"), default=8)
     be.add_argument("--requests", type=positive("--requests"), help="requests (default: --parallel)")
     be.add_argument("--expert-cache", default="25%", metavar="SIZE", help="the cache point without --sweep")
-    be.add_argument("--sweep", metavar="cache=A,B,...", help="cache points, e.g. cache=25%%,50%%,75%%,90%%,100%%")
+    be.add_argument("--sweep", metavar="KEY=A,B,...", action="append",
+                    help="cache points (cache=25%%,50%%,90%%) or link points (link=throttle:0.5GB/s:ram,"
+                         "throttle:2GB/s:ram); give both for every pair")
     be.add_argument("--systems", default="stock-resident,stock-offload,blocking,prefetch,bevy-ctx,bevy")
     be.add_argument("--link", default="file")
     be.add_argument("--eviction", choices=EVICTIONS, default="next-use")

@@ -112,6 +112,25 @@ def test_emulated_link_is_named(tmp_path: Path) -> None:
     assert "Link: emulated 20 MB/s over file" in proc.stdout
 
 
+def test_a_link_sweep_runs_every_system_at_every_rate(tmp_path: Path) -> None:
+    model = ensure_model(tiny_spec(layers=4, experts=16, top_k=2), progress=False)
+    links = ["throttle:20MB/s:ram", "throttle:80MB/s:ram"]
+    proc = run_cli("bench", model, "--systems", "stock-resident,blocking,bevy", "--repeats", "1", "--steps", "3",
+                   "--expert-cache", "50%", "--sweep", "link=" + ",".join(links), "--json", "--out", tmp_path)
+    doc = json.loads(proc.stdout)
+    rows = {(r["system"], r["link_point"]) for r in doc["runs"]}
+    assert rows == {("stock-resident", None)} | {(s, link) for s in ("blocking", "bevy") for link in links}
+    assert [(b["link_point"], b["link_rate_bytes_per_s"]) for b in doc["bound"]] == list(zip(links, (20e6, 80e6)))
+    slow, fast = doc["bound"]
+    assert slow["link_s"] == pytest.approx(4 * fast["link_s"]) and slow["belady_misses"] == fast["belady_misses"]
+    ratios = {(r["ratio"], r["link"]) for r in doc["ratios"]}
+    assert {("bevy / blocking", link) for link in links} <= ratios
+    assert not any(r["ratio"] == "bevy / stock-offload" for r in doc["ratios"])  # emulated links: no disk peer
+    md = (tmp_path / "report.md").read_text()
+    assert "| bevy | 50% | 20MB/s (emulated) |" in md and "| bevy / blocking | 50% | 80MB/s (emulated) |" in md
+    assert (tmp_path / "throughput.png").stat().st_size > 0
+
+
 _PROTOCOL = {"model": "m.gguf", "model_bytes": 1, "expert_bytes": 1, "slot_bytes": 1, "machine": "x",
              "workload": "text", "requests": 1, "prompt_tokens": 1, "steps": 1, "parallel": 1, "threads": 1,
              "link": "file", "repeats": 1}
