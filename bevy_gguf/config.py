@@ -105,6 +105,9 @@ class EngineConfig:
     link_workers: int = 4                # upload threads
     wait_timeout_s: float = 300.0        # a decode waiting longer for experts fails
     seed: int = 0                        # of the random eviction policy
+    lanes: int = 1                       # bevy: contexts the sequences are split into, each on its own thread
+    split_factor: float = 1.0            # bevy: a group waits for a flight whose loads land within this many
+                                         # times its predicted compute (0: run whatever is ready)
     # device options (where the expert cache lives) join here; today it is host memory
 
     def __post_init__(self) -> None:
@@ -115,7 +118,7 @@ class EngineConfig:
             raise BevyError(f"unknown engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
         if self.scheduler not in scheduler_names():
             raise BevyError(f"unknown scheduler {self.scheduler!r}: choose one of {', '.join(scheduler_names())}")
-        for name in ("n_parallel", "n_threads", "link_workers"):
+        for name in ("n_parallel", "n_threads", "link_workers", "lanes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise BevyError(f"{name} must be an integer, got {value!r}")
@@ -127,6 +130,8 @@ class EngineConfig:
             raise BevyError(f"flash_attn {self.flash_attn!r}: choose one of {', '.join(FLASH_ATTN)}")
         if self.eviction not in EVICTIONS:
             raise BevyError(f"unknown eviction policy {self.eviction!r}: choose one of {', '.join(EVICTIONS)}")
+        if not isinstance(self.split_factor, (int, float)) or self.split_factor < 0:
+            raise BevyError(f"split_factor must be a number of at least 0, got {self.split_factor!r}")
         if not self.wait_timeout_s > 0:
             raise BevyError(f"the wait timeout must be positive, got {self.wait_timeout_s!r} s")
         parse_cache_size(self.expert_cache, 1 << 40)  # the syntax; the size needs the model

@@ -71,6 +71,7 @@ class Hook:
         self._experts = np.zeros(0, dtype=np.int32)
         self._offsets = np.zeros(2, dtype=np.int64)  # n_groups + 1
         self._il = c_int32(-1)
+        self._usage = lib.BevyHookUsage()
 
     @property
     def fn(self) -> int:
@@ -95,8 +96,11 @@ class Hook:
         """Before a decode: its progress, the first layer whose lookups count, a turn at the gate."""
         lib.bevy_hook_begin(self.handle, token, count_from)
 
-    def end(self) -> None:
-        lib.bevy_hook_end(self.handle)
+    def end(self) -> tuple[int, float]:
+        """After a decode: (experts it pinned, distinct per layer summed over its layers; seconds
+        its layers waited for experts and the compute gate)."""
+        lib.bevy_hook_end(self.handle, self._usage)
+        return self._usage.experts, self._usage.wait_ns / 1e9
 
     def routed(self, row_ends: list[int], k: int) -> tuple[int, list[tuple[int, ...]]]:
         """(layer, per group of rows the sorted distinct experts) of the last route-only call;
@@ -127,7 +131,7 @@ def _flight_dtype() -> np.dtype:
     """bevy_flight as a numpy record (the experts pointer as an address), so a pass's flights are
     filled column by column."""
     formats = {"layer": np.int32, "n_experts": np.int32, "experts": np.uint64, "priority": np.uint64,
-               "admit": np.uint8, "count": np.uint8, "absent": np.int32}
+               "admit": np.uint8, "count": np.uint8, "absent": np.int32, "eta_ns": np.int64}
     names = [name for name, _ in lib.BevyFlight._fields_]
     return np.dtype({"names": names, "formats": [formats[n] for n in names],
                      "offsets": [getattr(lib.BevyFlight, n).offset for n in names],
@@ -145,7 +149,7 @@ class Flights:
         self.experts = np.zeros(0, dtype=np.int32)
         self.n = 0
         self.hits, self.misses = (c_uint64 * n_layer)(), (c_uint64 * n_layer)()
-        self.pass_ = lib.BevyPass(0, n_layer, self.hits, self.misses)
+        self.pass_ = lib.BevyPass(0, n_layer, self.hits, self.misses, 0)
 
     def fill(self, layers: list[int], experts: list[tuple[int, ...]], priority: list[int], admit: list[bool],
              count: list[bool]) -> None:
@@ -160,13 +164,17 @@ class Flights:
         rows = self.rows[:n]
         rows["layer"], rows["n_experts"] = layers, sizes
         rows["experts"] = self.experts.ctypes.data + 4 * (np.cumsum(sizes) - sizes)
-        rows["priority"], rows["admit"], rows["count"], rows["absent"] = priority, admit, count, 0
+        rows["priority"], rows["admit"], rows["count"], rows["absent"], rows["eta_ns"] = priority, admit, count, 0, 0
 
     def pointer(self) -> object:
         return self.rows.ctypes.data_as(POINTER(lib.BevyFlight))
 
     def absent(self) -> list[int]:
         return self.rows["absent"][: self.n].tolist()
+
+    def eta_s(self) -> list[float | None]:
+        """Per flight: seconds until its loads land (0: it lacks nothing; None: nothing loads for it)."""
+        return [None if t < 0 else t / 1e9 for t in self.rows["eta_ns"][: self.n].tolist()]
 
 
 class NativeCache:
@@ -218,6 +226,10 @@ class NativeCache:
 
     def pinned(self) -> int:
         return lib.bevy_cache_pinned(self.handle)
+
+    def load_s(self) -> float:
+        """The recent average time of one load (0 before any)."""
+        return lib.bevy_cache_load_ns(self.handle) / 1e9
 
     def refresh(self, owner: int, flights: Flights) -> None:
         """One scheduling pass (bevy_cache_refresh): sets the flights' absent, the pass's

@@ -125,14 +125,20 @@ class BevyFlight(ctypes.Structure):
     """bevy_flight: a request in flight as a scheduling pass sees it."""
 
     _fields_ = [("layer", c_int32), ("n_experts", c_int32), ("experts", POINTER(c_int32)), ("priority", c_uint64),
-                ("admit", c_uint8), ("count", c_uint8), ("absent", c_int32)]
+                ("admit", c_uint8), ("count", c_uint8), ("absent", c_int32), ("eta_ns", c_int64)]
+
+
+class BevyHookUsage(ctypes.Structure):
+    """bevy_hook_usage: what a decode used since bevy_hook_begin."""
+
+    _fields_ = [("experts", c_int64), ("wait_ns", c_int64)]
 
 
 class BevyPass(ctypes.Structure):
     """bevy_pass: what a scheduling pass learns beyond its flights."""
 
     _fields_ = [("version", c_uint64), ("n_layer", c_int32), ("hits", POINTER(c_uint64)),
-                ("misses", POINTER(c_uint64))]
+                ("misses", POINTER(c_uint64)), ("load_ns", c_int64)]
 
 
 POLICIES = {"lru": 0, "next-use": 1, "random": 2}  # enum bevy_policy
@@ -176,7 +182,8 @@ class BevyCounters(ctypes.Structure):
 
 
 STRUCTS = {"bevy_moe_call": BevyMoeCall, "bevy_cache_params": BevyCacheParams, "bevy_event": BevyEvent,
-           "bevy_counters": BevyCounters, "bevy_flight": BevyFlight, "bevy_pass": BevyPass}
+           "bevy_counters": BevyCounters, "bevy_flight": BevyFlight, "bevy_pass": BevyPass,
+           "bevy_hook_usage": BevyHookUsage}
 
 
 def abi_mismatches(structs: dict[str, Any], constants: dict[str, int]) -> list[str]:
@@ -380,6 +387,13 @@ def bevy_cache_version(cache: BevyCache, /) -> int:
     ...
 
 
+# int64_t bevy_cache_load_ns(const bevy_cache * cache);
+@_bind("bevy_cache_load_ns", [BevyCache], c_int64)
+def bevy_cache_load_ns(cache: BevyCache, /) -> int:
+    """The recent average time of one load, in ns (0 before any)."""
+    ...
+
+
 # uint64_t bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, int32_t il);
 @_bind("bevy_cache_wait", [BevyCache, c_uint64, c_int32, c_int32], c_uint64)
 def bevy_cache_wait(cache: BevyCache, since: int, timeout_ms: int, il: int, /) -> int:
@@ -462,10 +476,11 @@ def bevy_hook_begin(hook: BevyHook, token: int, count_from: int, /) -> None:
     ...
 
 
-# void bevy_hook_end(bevy_hook * hook);
-@_bind("bevy_hook_end", [BevyHook], None)
-def bevy_hook_end(hook: BevyHook, /) -> None:
-    """After a decode (idempotent)."""
+# void bevy_hook_end(bevy_hook * hook, bevy_hook_usage * usage);
+@_bind("bevy_hook_end", [BevyHook, POINTER(BevyHookUsage)], None)
+def bevy_hook_end(hook: BevyHook, usage: Any, /) -> None:
+    """After a decode (idempotent); usage (or None): the experts it pinned since bevy_hook_begin
+    (per layer, summed) and the time its layers waited."""
     ...
 
 

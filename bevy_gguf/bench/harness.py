@@ -51,6 +51,8 @@ class BenchConfig:
     workload: str = "text"
     seed: int = 0
     timeline: bool = True
+    split_factor: float = 1.0  # bevy's
+    lanes: int = 1  # bevy's
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.systems if s not in SYSTEMS]
@@ -74,7 +76,8 @@ class BenchConfig:
 def _spec(cfg: BenchConfig, system: str, cache: str, link: str, trace_events: int = 0) -> dict[str, Any]:
     return {"model": str(cfg.model), "system": system, "cache": cache, "link": link, "parallel": cfg.parallel,
             "requests": cfg.requests, "threads": cfg.threads, "prompt_tokens": cfg.prompt_tokens, "steps": cfg.steps,
-            "workload": cfg.workload, "seed": cfg.seed, "eviction": cfg.eviction, "trace_events": trace_events}
+            "workload": cfg.workload, "seed": cfg.seed, "eviction": cfg.eviction, "trace_events": trace_events,
+            "split_factor": cfg.split_factor, "lanes": cfg.lanes}
 
 
 def run_worker(spec: dict[str, Any], cap: MemoryCap | None = None) -> dict[str, Any]:
@@ -140,6 +143,8 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
         "link_bounced": _median([c.get("link_bounced", 0) for c in counters]) if counters else None,
         "peak_rss_bytes": _median([r["peak_rss_bytes"] for r in ok]), "link": ok[0].get("link"),
         "micro_batch": ok[0].get("micro_batch"),
+        "load_s": _median([r["load_s"] for r in ok if r.get("load_s")]),
+        "cost_model": ok[-1].get("cost_model") or None,  # the last run's fit, per lane
     }
     if counters and counters[0].get("prefetch_loads"):
         tp = sum(c["prefetch_hits"] for c in counters)

@@ -78,6 +78,21 @@ def markdown(report: dict[str, Any], command: str) -> str:
         lines.append(f"| {b['cache']:.0f}% | {link}{_fmt(b['tok_per_s'])} | {b['belady_misses']} | "
                      f"{_fmt(b['compute_s'], '.2f')} | {_fmt(b['link_s'], '.2f')} | {b.get('online_misses', '-')} | "
                      f"{_fmt(b.get('online_tok_per_s'))} |")
+    fits = [r for r in report["runs"] if r.get("cost_model")]
+    if fits:
+        lines += ["", "The call cost model each lane of `bevy` fitted on this machine (last run of each point; "
+                  "compute seconds of a layer-range call = fixed + per layer + per token-layer + per expert read "
+                  "+ per attended position-layer), and the link's time per expert load:", "",
+                  "| cache | " + ("link | " if sweep else "") + "lane | calls | fixed µs | per layer µs | "
+                  "per token-layer µs | per expert µs | per 1k positions-layer µs | link ms per load |",
+                  "|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|---|---|"]
+        for r in fits:
+            link = f"{_link_cell(r.get('link_point'))} | " if sweep else ""
+            for lane, m in enumerate(r["cost_model"]):
+                lines.append(f"| {r['cache']:.0f}% | {link}{lane} | {m['calls']} | {1e6 * m['fixed']:.0f} | "
+                             f"{1e6 * m['per_layer']:.0f} | {1e6 * m['per_token_layer']:.1f} | "
+                             f"{1e6 * m['per_expert']:.1f} | {1e9 * m['per_context_layer']:.1f} | "
+                             f"{_fmt(r.get('load_s') and 1e3 * r['load_s'], '.2f')} |")
     touched, n_experts = p.get("touched_experts"), p.get("n_experts")
     if touched and n_experts:
         lines += ["", f"The recorded order touches {touched} of the {n_experts} experts "

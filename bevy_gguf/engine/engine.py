@@ -77,7 +77,8 @@ class LLMEngine:
             runner: Runner = BatchedRunner(self.model, n, cfg.n_threads, flash)
         elif self.scheduler.runner == "layers":
             runner = SelfBalancingRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash,
-                                         wait_timeout_s=cfg.wait_timeout_s)
+                                         wait_timeout_s=cfg.wait_timeout_s, lanes=cfg.lanes,
+                                         split_factor=cfg.split_factor)
         elif self.scheduler.runner == "contexts":
             runner = ContextRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash)
         else:
@@ -149,10 +150,12 @@ class LLMEngine:
         if self.cache is None:
             return None
         c = self.cache
+        models = getattr(self.runner, "cost_models", [])
         return {"scheduler": self.scheduler.name, "link": c.link_name, "bytes": c.budget_bytes, "slots": c.n_slots,
                 "micro_batch": self.runner.micro_batch if self.runner else None, "decode": stats.decode_counters,
                 "total": c.counters(), "layers": [c.counters(il) for il in range(self.info.n_layer)],
-                "events": c.events() if events else []}
+                "events": c.events() if events else [], "load_s": c.load_s(),
+                "cost_model": [m.as_dict() for m in models]}
 
     def close(self) -> None:
         """Stop serving, then free the cache (and its hooks) and the model, in that order."""

@@ -41,6 +41,7 @@ class ExpertCache:
             raise BevyError(f"--expert-cache of {budget_bytes} bytes is below the minimum of {minimum} bytes "
                             f"({layout.top_k} experts of {layout.slot_bytes} bytes): raise it")
         self.budget_bytes = self.n_slots * layout.slot_bytes
+        self.n_workers = n_workers
         params = libbevy.bevy_cache_default_params()
         params.n_layer, params.n_expert, params.n_kinds = layout.n_layer, layout.n_expert, len(layout.kinds)
         for i, b in enumerate(layout.kind_bytes):
@@ -101,8 +102,9 @@ class ExpertCache:
         at the compute gate."""
         ctx.hook.begin(token, count_from)
 
-    def end(self, ctx: Context) -> None:
-        ctx.hook.end()
+    def end(self, ctx: Context) -> tuple[int, float]:
+        """After a decode of ctx: (experts it pinned, summed over its layers; seconds it waited)."""
+        return ctx.hook.end()
 
     # -- scheduling passes (the self-balancing runner) -------------------------------------
 
@@ -138,6 +140,10 @@ class ExpertCache:
     def pinned(self) -> int:
         """Slots pinned right now (0 when no graph runs and nothing is reserved)."""
         return self.native.pinned()
+
+    def load_s(self) -> float:
+        """The link's recent time per expert load, with its workers overlapping (0 before any)."""
+        return self.native.load_s()
 
     def release_hooks(self) -> None:
         """Free the hooks (their contexts must be gone)."""

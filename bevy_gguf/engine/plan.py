@@ -13,9 +13,16 @@ Policy (parameters in PolicyParams):
   have their experts loaded (and held); flights further ahead run only on experts that are
   resident anyway, so running ahead never costs link bytes (when the link is the limit, bytes
   are what decide), and the front is never starved;
+- split or wait (with a cost model): a group leaves behind the flights whose loads have not
+  landed; when the loads of such a flight (at the group's layer, or further behind) land
+  sooner than the group would compute, splitting costs more than it hides (the flight would
+  later run its layers alone, reading again the experts the group read), so the plan waits
+  for it instead. With no misses, or misses that land fast, the flights stay together (as
+  blocking's one batch); a flight whose loads take long is left behind, and the others run ahead;
 - a group that holds every flight (nobody could run while it stalls) extends its call through
-  the following layers where it expects fewer than merge_misses misses (the runner's recent
-  miss rates): when misses are rare whole steps run in one call, as in the batched runner;
+  the following layers whose expected stall costs less than one more call (the runner decides
+  it, see layers.py): with fast loads or rare misses, whole steps run in one call, as in the
+  batched runner;
 - with `hold_decode`, no flight decodes a generated token while another still prefills (so
   the phases separate, as in the batched runner);
 - nothing ready: wait for a load (Plan.group is None).
@@ -23,6 +30,8 @@ Policy (parameters in PolicyParams):
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +53,8 @@ class Flight:
     experts: tuple[int, ...] = ()    # distinct experts that layer needs (from the lookahead)
     ready: bool = True               # those experts are loaded
     counted: bool = True             # its lookups were counted (once per revealed layer)
+    eta: float | None = 0.0          # seconds until its loads land (0: ready; None: nothing loads for it)
+    held: bool = False               # a plan already waited for it past its eta: do not wait again
     h: np.ndarray | None = field(default=None, repr=False)  # [tokens, n_embd] entering `layer`
 
     @property
@@ -73,8 +84,10 @@ class Group:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    group: Group | None             # None: nothing is ready, wait for a load
+    group: Group | None             # None: wait for a load
     waiting: tuple[int, ...] = ()   # flights whose experts are not loaded yet
+    wait_for: tuple[int, ...] = ()  # the flights a wait with a group ready holds for (their loads land soon)
+    wait_s: float | None = None     # how long at most (None: until a load lands)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +98,17 @@ class PolicyParams:
     hold_decode: bool = True  # no generated token decodes while a prompt still prefills
     load_window: int = 0      # layers ahead of the most lagging flight whose loads are started
                               # (the runner's default: n_layer + 1, one token)
+    split_factor: float = 1.0  # wait for a flight whose loads land within this many times the
+                               # group's predicted compute (0: never wait, run what is ready)
 
 
-def plan(flights: list[Flight], params: PolicyParams) -> Plan:
-    """The next group to run (lagging first), or a wait."""
+Cost = Callable[[list[Flight]], float | None]  # predicted compute seconds of a group of flights (None: unknown)
+
+
+def plan(flights: list[Flight], params: PolicyParams, cost: Cost | None = None) -> Plan:
+    """The next group to run (lagging first), or a wait: because nothing is ready, or because
+    (with a cost model) the group would leave behind a flight whose loads land sooner than the
+    group computes."""
     holding = params.hold_decode and any(f.prefill for f in flights)
     eligible = [i for i, f in enumerate(flights) if f.ready and not (holding and not f.prefill)]
     waiting = tuple(i for i, f in enumerate(flights) if not f.ready)
@@ -107,7 +127,21 @@ def plan(flights: list[Flight], params: PolicyParams) -> Plan:
         members.append(i)
         tokens += len(f.tokens)
         experts = union
-    return Plan(Group(tuple(members), layer), waiting)
+    group = Group(tuple(members), layer)
+    predicted = cost([flights[i] for i in members]) if cost is not None and params.split_factor > 0 else None
+    if predicted is not None:
+        soon = tuple(i for i in waiting if _worth_waiting(flights[i], flights[lead], layer, holding)
+                     and flights[i].eta <= params.split_factor * predicted)
+        if soon:
+            return Plan(None, waiting, wait_for=soon, wait_s=max(flights[i].eta for i in soon))
+    return Plan(group, waiting)
+
+
+def _worth_waiting(f: Flight, lead: Flight, layer: int, holding: bool) -> bool:
+    """Would f join the group (its layer), or run before it (further behind), once loaded?"""
+    if f.eta is None or f.held or f.layer == FIRST or (holding and not f.prefill):
+        return False
+    return f.layer == layer or f.lag < lead.lag
 
 
 def admit_loads(flights: list[Flight], params: PolicyParams) -> list[int]:
@@ -128,3 +162,46 @@ def admit_loads(flights: list[Flight], params: PolicyParams) -> list[int]:
             wanted |= need
             admitted.append(i)
     return admitted
+
+
+@dataclass(frozen=True, slots=True)
+class MergeCosts:
+    """What a lane measured that decides how far a call goes (see call_end)."""
+
+    overhead_s: float  # one more call: the cost model's fixed and per-layer cost, and the lane's Python per pass
+    layer_s: float     # the group's compute of one layer, as the cost model predicts it
+    load_s: float      # the link's recent time per expert load (its workers overlapping)
+    workers: int       # loads in flight at once
+    distinct: float    # the group's distinct experts at a layer (expected)
+
+
+def call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, top_k: int, n_expert: int,
+             miss_rate: list[float], costs: MergeCosts | None, merge_misses: float | None = None) -> int:
+    """Where a group's call stops (the il_end of llama_decode_layers): right after its own layer,
+    or, when the group holds every flight of its lane (nobody could run while it stalls) and any
+    layer's experts for its tokens fit the cache at once, on through each following layer whose
+    expected stall is below what stopping there would cost.
+
+    A call that goes on stalls in the hook for that layer's misses (their loads start as its
+    router runs, as they would after a stopped call's lookahead). A call that stops costs one more
+    call (overhead_s), and what it buys is runahead: the flights whose experts are in compute while
+    the others' load, which hides at most the stall, and no more than the group's compute of a
+    layer could fill (when the loads land sooner than that, the flights were better kept
+    together). So the call goes on while stall < overhead_s + layer_s, the stall being the layer's
+    recent miss rate x the group's distinct experts, `workers` loads at a time, load_s each. Fast
+    loads or rare misses: whole steps in one call (blocking's schedule); slow loads: one layer per
+    call. Nothing measured yet (costs None): one layer. merge_misses (if given) replaces the cost
+    rule by a fixed bound on the expected misses (recent miss rate x tokens x top_k)."""
+    end = 0 if group.layer == FIRST else group.layer + 1
+    if len(group.members) < n_flights or min(n_expert, tokens * top_k) > params.max_experts:
+        return end
+    if merge_misses is not None:
+        while end < params.n_layer and miss_rate[end] * tokens * top_k < merge_misses:
+            end += 1
+        return end
+    if costs is None:
+        return end
+    budget = costs.overhead_s + costs.layer_s
+    while end < params.n_layer and math.ceil(miss_rate[end] * costs.distinct / costs.workers) * costs.load_s < budget:
+        end += 1
+    return end

@@ -41,7 +41,8 @@ class RunResult:
                       "stall_s": round(c.get("stall_ns", 0) / 1e9, 6), "link": self.cache["link"],
                       "scheduler": self.cache["scheduler"], "expert_cache_bytes": self.cache["bytes"],
                       "expert_cache_slots": self.cache["slots"], "micro_batch": self.cache["micro_batch"],
-                      "total": self.cache["total"]}
+                      "total": self.cache["total"], "link_load_s": self.cache["load_s"],
+                      "cost_model": self.cache["cost_model"]}
             if c.get("prefetch_loads"):
                 tp, fp, fn = c["prefetch_hits"], c["prefetch_wasted"], c["prefetch_missed"]
                 stats |= {"prefetch_precision": round(tp / max(tp + fp, 1), 6),

@@ -193,7 +193,14 @@ BEVY_API void    bevy_hook_set_gated(bevy_hook * hook, bool gated);
 // bevy_cache_refresh passes the first it did not), and entering the gate; bevy_hook_end after
 // the decode (idempotent: graph done leaves too)
 BEVY_API void    bevy_hook_begin(bevy_hook * hook, int64_t token, int32_t count_from);
-BEVY_API void    bevy_hook_end(bevy_hook * hook);
+// What a decode used since bevy_hook_begin, for a cost model of calls.
+typedef struct bevy_hook_usage {
+    int64_t experts;  // experts pinned: distinct per layer, summed over its layers (what its matmuls read)
+    int64_t wait_ns;  // time its layers waited for experts and for the compute gate
+} bevy_hook_usage;
+
+// usage (may be NULL): what the decode used since bevy_hook_begin
+BEVY_API void    bevy_hook_end(bevy_hook * hook, bevy_hook_usage * usage);
 
 //
 // Self-balancing scheduling (llama_decode_layers): the scheduler learns each request's next
@@ -211,6 +218,9 @@ typedef struct bevy_flight {
     uint8_t         admit;      // reserve its resident experts and queue loads of the absent ones
     uint8_t         count;      // count its lookups (once per revealed layer)
     int32_t         absent;     // out: experts it still lacks (queued loads included)
+    int64_t         eta_ns;     // out: when its loads will have landed, from now (0: nothing lacks; -1: not
+                                //      admitted, nothing loads for it): the loads queued or running at its
+                                //      priority or better, n_workers at a time, at the recent time per load
 } bevy_flight;
 
 // What a pass learns beyond its flights.
@@ -219,6 +229,7 @@ typedef struct bevy_pass {
     int32_t    n_layer;   // in: entries of hits and misses to fill (0: none)
     uint64_t * hits;      // out: per layer, lookups that hit so far (after this pass's)
     uint64_t * misses;    // out: ... that missed
+    int64_t    load_ns;   // out: the recent average time of one load (0 before any; bevy_cache_load_ns)
 } bevy_pass;
 
 // One scheduling pass of an owner (a scheduler sharing the cache, 0 <= owner < 64) over its n
@@ -236,6 +247,9 @@ BEVY_API int32_t  bevy_cache_refresh(bevy_cache * cache, int32_t owner, bevy_fli
 BEVY_API void     bevy_cache_lookups(const bevy_cache * cache, uint64_t * hits, uint64_t * misses, int32_t n_layer);
 // changes whenever a load completes
 BEVY_API uint64_t bevy_cache_version(const bevy_cache * cache);
+// the recent average time of one load (ns; 0 before any): the link's cost of an expert, with
+// the link workers' loads overlapping as they did
+BEVY_API int64_t  bevy_cache_load_ns(const bevy_cache * cache);
 // wait until the version differs from since or timeout_ms passed (counted as stall at il);
 // returns the version then (since itself: the wait timed out)
 BEVY_API uint64_t bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, int32_t il);

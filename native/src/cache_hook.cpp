@@ -35,17 +35,19 @@ void CacheHook::set_gated(bool gated) {
 }
 
 void CacheHook::begin(int64_t token, int32_t count_from) {
-    token_      = token;
-    count_from_ = count_from;
+    token_              = token;
+    count_from_         = count_from;
+    usage_              = {0, 0};
     if (gate_ && !holding_) {
         gate_->enter(gate_key(token, -1, id_));
         holding_ = true;
     }
 }
 
-void CacheHook::end() {
+bevy_hook_usage CacheHook::end() {
     leave_gate();
     end_compute(now_ns());
+    return usage_;
 }
 
 int64_t CacheHook::routed(const int32_t * row_ends, int32_t n_groups, int32_t * experts, int64_t * offsets,
@@ -169,9 +171,11 @@ int32_t CacheHook::call(const bevy_moe_call * call) {
     }
     const int64_t t_start = now_ns();
     cache_->events().add({kEventWait, id_, call->il, -1, t_enter, t_start});
+    usage_.wait_ns += t_start - t_enter;
     if (rc == 0) {
         computing_       = call->il;
         computing_since_ = t_start;
+        usage_.experts += (int64_t) distinct_.size();
     }
     return rc;
 }

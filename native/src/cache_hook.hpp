@@ -37,8 +37,8 @@ public:
     // before a decode: the token it decodes (its progress), the first layer whose lookups it
     // counts, and a turn at the gate
     void begin(int64_t token, int32_t count_from);
-    // after it (idempotent: graph done leaves the gate too)
-    void end();
+    // after it (idempotent: graph done leaves the gate too); what it used since begin
+    bevy_hook_usage end();
     // the distinct experts of groups of rows of the last route-only call (bevy_hook_routed)
     int64_t routed(const int32_t * row_ends, int32_t n_groups, int32_t * experts, int64_t * offsets,
                    int64_t max_experts, int32_t * il);
@@ -59,6 +59,7 @@ private:
     ComputeGate *        gate_    = nullptr; // the cache's gate when this context is gated
     bool                 holding_ = false;
     int64_t              token_   = 0;       // the token this context decodes (its progress)
+    bevy_hook_usage      usage_ = {0, 0};    // since begin: experts pinned (summed per layer), time waited
     int32_t              computing_ = -1;    // the layer it computes since computing_since_ (-1: none)
     int64_t              computing_since_ = 0;
 

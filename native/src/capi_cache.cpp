@@ -108,6 +108,10 @@ uint64_t bevy_cache_version(const bevy_cache * cache) {
     return cache->cache->version();
 }
 
+int64_t bevy_cache_load_ns(const bevy_cache * cache) {
+    return cache->cache->load_ns();
+}
+
 uint64_t bevy_cache_wait(bevy_cache * cache, uint64_t since, int32_t timeout_ms, int32_t il) {
     cache->cache->wait_change(since, timeout_ms, il);
     return cache->cache->version();

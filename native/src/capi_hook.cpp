@@ -33,8 +33,11 @@ void bevy_hook_begin(bevy_hook * hook, int64_t token, int32_t count_from) {
     hook->hook.begin(token, count_from);
 }
 
-void bevy_hook_end(bevy_hook * hook) {
-    hook->hook.end();
+void bevy_hook_end(bevy_hook * hook, bevy_hook_usage * usage) {
+    const bevy_hook_usage u = hook->hook.end();
+    if (usage) {
+        *usage = u;
+    }
 }
 
 int64_t bevy_hook_routed(const bevy_hook * hook, const int32_t * row_ends, int32_t n_groups, int32_t * experts,

@@ -35,7 +35,7 @@ ExpertCache::ExpertCache(const CacheConfig & cfg, Link * link, std::string & err
         memory_.push_back(mem);
     }
     queue_ = std::make_unique<UploadQueue>(cfg.n_workers,
-                                           [this](const LoadJob & job, int32_t worker) { load(job, worker); });
+                                           [this](const LoadJob & job, int32_t worker) { return load(job, worker); });
     ok_    = true;
 }
 
@@ -46,10 +46,10 @@ ExpertCache::~ExpertCache() {
     }
 }
 
-void ExpertCache::load(const LoadJob & queued, int32_t worker) {
+bool ExpertCache::load(const LoadJob & queued, int32_t worker) {
     LoadJob job = queued;
     if (job.slot < 0 && !assign_deferred(job)) {
-        return;
+        return false;
     }
     std::string err;
     bool ok = true;
@@ -73,6 +73,7 @@ void ExpertCache::load(const LoadJob & queued, int32_t worker) {
         }
     }
     changed_.notify_all();
+    return true;
 }
 
 int32_t ExpertCache::register_context() {
@@ -371,15 +372,17 @@ int32_t ExpertCache::refresh(int32_t owner, bevy_flight * flights, int32_t n, be
                 query_locked(f.layer, f.experts, f.n_experts, f.priority, true, f.count != 0, owner);
             }
         }
-        for (int32_t i = 0; i < n; ++i) { // after every load started: who still lacks experts
+        for (int32_t i = 0; i < n; ++i) { // after every load started: who still lacks experts, and until when
             bevy_flight & f = flights[i];
             f.absent = query_locked(f.layer, f.experts, f.n_experts, 0, false, f.count != 0 && !f.admit);
+            f.eta_ns = f.absent == 0 ? 0 : f.admit ? queue_->eta_ns(f.priority) : -1;
         }
         if (pass) {
             for (int32_t il = 0; il < pass->n_layer && il < cfg_.n_layer; ++il) {
                 pass->hits[il]   = layer_counters_[il].hits;
                 pass->misses[il] = layer_counters_[il].misses;
             }
+            pass->load_ns = queue_->job_ns();
         }
     }
     changed_.notify_all(); // dropped reservations may free slots a waiter needs

@@ -108,9 +108,10 @@ public:
         return pinned_;
     }
     uint64_t link_busy_ns() const { return queue_->busy_ns(); }
+    int64_t  load_ns() const { return queue_->job_ns(); }
 
 private:
-    void load(const LoadJob & job, int32_t worker);
+    bool load(const LoadJob & job, int32_t worker); // false: nothing to load after all
     // A scheduler's load (queued without a slot, so that it evicts nothing while it waits its
     // turn): choose its slot now, reserved for the scheduler until its next refresh if that
     // refresh still wants it (so an owner never reserves more than its admitted flights need,

@@ -8,6 +8,7 @@
 #include <functional>
 #include <mutex>
 #include <queue>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -23,7 +24,8 @@ struct LoadJob {
 
 class UploadQueue {
 public:
-    using Runner = std::function<void(const LoadJob &, int32_t worker)>;
+    // runs one job; false: it moved nothing (its time does not count towards a job's)
+    using Runner = std::function<bool(const LoadJob &, int32_t worker)>;
 
     UploadQueue(int32_t n_workers, Runner run);
     ~UploadQueue(); // orderly: stop, wake, join
@@ -36,6 +38,14 @@ public:
     // nanoseconds during which at least one job was running
     uint64_t busy_ns() const;
 
+    // When the jobs of priority `priority` (or more urgent) will have run, from now: the jobs
+    // queued or running at that priority or better, n_workers at a time, each taking the
+    // recent average of a job's time (0 with none outstanding).
+    int64_t eta_ns(uint64_t priority) const;
+    int32_t n_workers() const { return (int32_t) workers_.size(); }
+    // the recent average time of a job that moved bytes (0 before any)
+    int64_t job_ns() const;
+
 private:
     struct Entry {
         LoadJob  job;
@@ -47,9 +57,11 @@ private:
 
     void worker(int32_t index);
 
-    std::mutex                        mutex_;
+    mutable std::mutex                mutex_;
     std::condition_variable           cv_;
     std::priority_queue<Entry>        jobs_;
+    std::multiset<uint64_t>           outstanding_; // priorities of the jobs queued or running
+    double                            job_ns_ = 0;  // moving average of a job's time (0: none ran yet)
     uint64_t                          order_ = 0;
     bool                              stop_  = false;
     Runner                            run_;

@@ -90,7 +90,7 @@ def test_lagging_context_is_admitted_first(tmp_path: Path) -> None:
     def enter(n: int, token: int) -> None:
         lib.bevy_hook_begin(hooks[n], token, 0)
         order.append(token)
-        lib.bevy_hook_end(hooks[n])
+        lib.bevy_hook_end(hooks[n], None)
 
     ahead = threading.Thread(target=enter, args=(1, 5))
     ahead.start()
@@ -99,7 +99,7 @@ def test_lagging_context_is_admitted_first(tmp_path: Path) -> None:
     behind.start()
     time.sleep(0.2)
     assert order == []
-    lib.bevy_hook_end(hooks[0])
+    lib.bevy_hook_end(hooks[0], None)
     ahead.join(5)
     behind.join(5)
     assert order == [2, 5]

@@ -108,3 +108,38 @@ def test_a_pass_reports_the_version_before_it_and_every_layers_lookups(cache4: E
     assert (list(flights.hits), list(flights.misses)) == ([0, 0], [2, 1])
     assert np.all(flights.rows["absent"][:2] == [2, 1])
     cache4.unreserve_all(0)
+
+
+def test_a_decode_reports_the_experts_it_pinned_and_how_long_it_waited(cache4: ExpertCache) -> None:
+    hook = cache4.native.new_hook()
+    hook.begin(0)
+    assert call_hook(hook, 0, [[1, 2], [2, 3]], route_only=False)[0] == 0  # 3 distinct, loaded now
+    assert call_hook(hook, 1, [[4, 4], [4, 4]], route_only=False)[0] == 0  # 1 distinct
+    call_hook(hook, -1, [[0, 0]], route_only=False)
+    experts, waited = hook.end()
+    assert experts == 4 and waited > 0  # it waited for the loads
+    hook.begin(1)
+    assert hook.end() == (0, 0.0)  # counted from begin
+
+
+def test_a_pass_says_when_each_admitted_flights_loads_land(qwen3_tiny: Path) -> None:
+    info = inspect_model(qwen3_tiny)
+    slot = CacheLayout.of(info).slot_bytes
+    link = LinkSpec.parse(f"throttle:{slot * 40 / 1e6:.3f}MB/s:ram")  # 25 ms per expert
+    with ExpertCache(info, 16 * slot, link, n_workers=1) as cache:
+        warm = cache.flights()
+        warm.fill([0], [(0, 1)], [0], [True], [False])
+        cache.refresh(0, warm)
+        assert warm.eta_s() == [0.0]  # no load has finished yet: no estimate of a load's time
+        version = warm.pass_.version
+        while cache.counters()["loads"] < 2:
+            version = native.bevy_cache_wait(cache.native.handle, version, 1000, 0)
+        flights = cache.flights()
+        # lagging first: the first flight's loads go first; the third is not admitted
+        flights.fill([1, 1, 0], [(2, 3), (4, 5, 6), (7,)], [1 << 32, 2 << 32, 3 << 32], [True, True, False],
+                     [False] * 3)
+        cache.refresh(0, flights)
+        first, second, third = flights.eta_s()
+        assert 0.02 < first < second and third is None
+        assert second == pytest.approx(5 / 2 * first, rel=0.3)  # 5 loads behind one worker vs 2
+        cache.unreserve_all(0)

@@ -67,21 +67,99 @@ def test_loads_go_to_the_front_within_the_cache() -> None:
     assert admit_loads(flights, wider) == [0, 2, 1]
 
 
-def test_lanes_one_per_thread_while_the_cache_serves_each_its_calls_and_reservations() -> None:
+def test_lanes_as_asked_at_most_one_per_thread_while_the_cache_serves_each_its_calls_and_reservations() -> None:
     from types import SimpleNamespace
 
     from bevy_gguf.engine.runners.layers import SelfBalancingRunner
 
     layout = SimpleNamespace(min_slots=lambda tokens=1, contexts=1: 8 * tokens * contexts)  # top-8
 
-    def lanes(n_threads: int, n_seq: int, n_slots: int, per_lane: int = 1) -> int:
+    def lanes(n_threads: int, n_seq: int, n_slots: int, asked: int) -> int:
         cache = SimpleNamespace(n_slots=n_slots, layout=layout)
-        runner = SelfBalancingRunner(SimpleNamespace(n_layer=8), cache, 8, n_threads, threads_per_lane=per_lane)
+        runner = SelfBalancingRunner(SimpleNamespace(n_layer=8), cache, 8, n_threads, lanes=asked)
         return runner.lanes_for(n_seq)
 
-    assert lanes(2, 8, 512) == 2
-    assert lanes(4, 8, 512) == 4
-    assert lanes(4, 8, 512, per_lane=2) == 2
-    assert lanes(2, 1, 512) == 1  # a single sequence
-    assert lanes(4, 8, 40) == 2   # each lane needs 8 slots for its calls and 8 for reservations
-    assert lanes(2, 8, 31) == 1   # the minimum cache: one lane, as before
+    assert lanes(2, 8, 512, asked=1) == 1  # the default: one context, every thread
+    assert lanes(2, 8, 512, asked=2) == 2
+    assert lanes(4, 8, 512, asked=4) == 4
+    assert lanes(4, 8, 512, asked=2) == 2
+    assert lanes(2, 8, 512, asked=8) == 2  # at most one per thread
+    assert lanes(2, 1, 512, asked=2) == 1  # a single sequence
+    assert lanes(4, 8, 40, asked=4) == 2   # each lane needs 8 slots for its calls and 8 for reservations
+    assert lanes(2, 8, 31, asked=2) == 1   # the minimum cache: one lane, as before
+
+
+def waiter(i: int, layer: int, eta: float | None, progress: int = 1, held: bool = False) -> Flight:
+    f = flight(i, layer, progress=progress, experts=(9,), ready=False)
+    f.eta, f.held = eta, held
+    return f
+
+
+def per_flight(seconds: float):  # noqa: ANN201 - a cost model: seconds per flight in the group
+    return lambda members: seconds * len(members)
+
+
+def test_a_group_waits_for_a_flight_whose_loads_land_before_it_would_compute() -> None:
+    flights = [flight(0, 2, experts=(1,)), flight(1, 2, experts=(2,)), waiter(2, 2, eta=0.001)]
+    p = plan(flights, P, per_flight(0.002))  # the group computes 4 ms; the loads land in 1 ms
+    assert p.group is None and p.wait_for == (2,) and p.wait_s == 0.001
+    assert plan(flights, P).group == Group((0, 1), 2)  # no cost model: what is ready runs
+
+
+def test_a_flight_whose_loads_take_long_is_left_behind() -> None:
+    flights = [flight(0, 2, experts=(1,)), flight(1, 2, experts=(2,)), waiter(2, 2, eta=0.05)]
+    p = plan(flights, P, per_flight(0.002))
+    assert p.group == Group((0, 1), 2) and p.wait_for == ()
+
+
+def test_waiting_is_for_flights_behind_or_beside_never_ahead() -> None:
+    behind = [flight(0, 3, experts=(1,)), waiter(1, 1, eta=0.001)]  # would run first once loaded
+    assert plan(behind, P, per_flight(0.01)).wait_for == (1,)
+    ahead = [flight(0, 1, experts=(1,)), waiter(1, 3, eta=0.001)]  # would not join, nor go first
+    assert plan(ahead, P, per_flight(0.01)).group == Group((0,), 1)
+    next_token = [flight(0, 3, progress=1, experts=(1,)), waiter(1, 1, eta=0.001, progress=2)]
+    assert plan(next_token, P, per_flight(0.01)).group == Group((0,), 3)
+
+
+def test_no_wait_for_a_held_flight_an_unadmitted_one_or_with_splitting_forced() -> None:
+    for w in (waiter(2, 2, eta=0.001, held=True), waiter(2, 2, eta=None)):
+        flights = [flight(0, 2, experts=(1,)), flight(1, 2, experts=(2,)), w]
+        assert plan(flights, P, per_flight(0.01)).group == Group((0, 1), 2)
+    always_split = PolicyParams(n_layer=4, max_tokens=64, max_experts=16, hold_decode=False, split_factor=0)
+    flights = [flight(0, 2, experts=(1,)), waiter(1, 2, eta=0.0001)]
+    assert plan(flights, always_split, per_flight(0.01)).group == Group((0,), 2)
+    unknown = plan(flights, P, lambda members: None)  # the model has seen no call yet
+    assert unknown.group == Group((0,), 2)
+
+
+def test_with_every_flight_ready_the_group_is_the_whole_lane() -> None:
+    flights = [flight(i, 2, experts=(i,)) for i in range(4)]
+    assert plan(flights, P, per_flight(0.001)).group == Group((0, 1, 2, 3), 2)  # blocking's one batch
+
+
+def merge(group: Group, n_flights: int, tokens: int, miss: float, load_s: float, max_experts: int = 16,
+          overhead_s: float = 0.001, layer_s: float = 0.003) -> int:
+    from bevy_gguf.engine.plan import MergeCosts, call_end
+
+    params = PolicyParams(n_layer=8, max_tokens=64, max_experts=max_experts, hold_decode=False)
+    costs = MergeCosts(overhead_s=overhead_s, layer_s=layer_s, load_s=load_s, workers=4, distinct=8)
+    return call_end(group, n_flights, tokens, params, top_k=2, n_expert=16, miss_rate=[miss] * 8, costs=costs)
+
+
+def test_fast_loads_run_the_whole_step_in_one_call_slow_ones_a_layer_per_call() -> None:
+    whole = Group((0, 1, 2, 3), FIRST)
+    assert merge(whole, 4, tokens=4, miss=0.2, load_s=0.0005) == 8  # stall 1 ms < 4 ms: blocking's step
+    assert merge(whole, 4, tokens=4, miss=0.2, load_s=0.01) == 0    # 10 ms stall: stop, let the ready run ahead
+    assert merge(Group((0, 1, 2, 3), 2), 4, tokens=4, miss=0.0, load_s=1.0) == 8  # no misses: no stall
+    assert merge(Group((0, 1, 2, 3), 2), 4, tokens=4, miss=0.6, load_s=0.0015) == 8  # 2 rounds of loads: 3 ms
+    assert merge(Group((0, 1, 2, 3), 2), 4, tokens=4, miss=0.6, load_s=0.0025) == 3  # 5 ms > 4 ms: its own layer
+
+
+def test_a_call_goes_on_only_for_the_whole_lane_and_only_if_any_layer_fits_the_cache() -> None:
+    from bevy_gguf.engine.plan import call_end
+
+    assert merge(Group((0, 1), 2), 4, tokens=2, miss=0.0, load_s=0.0) == 3  # others could run
+    assert merge(Group((0, 1, 2, 3), 2), 4, tokens=4, miss=0.0, load_s=0.0, max_experts=7) == 3  # 8 > 7 slots
+    params = PolicyParams(n_layer=8, max_tokens=64, max_experts=16, hold_decode=False)
+    assert call_end(Group((0,), 5), 1, 1, params, 2, 16, [0.0] * 8, costs=None) == 6  # nothing measured yet
+    assert call_end(Group((0,), 5), 1, 1, params, 2, 16, [0.0] * 8, costs=None, merge_misses=2.0) == 8

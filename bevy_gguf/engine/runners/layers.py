@@ -8,25 +8,32 @@ at once (lagging flights first), runs the group of flights whose experts are loa
 first, see plan.py), and waits only when no flight is ready. Requests whose experts are resident
 run ahead; groups batch the ready requests per layer, so shared weights are read once per group.
 
-Lanes: on a CPU a small graph does not speed up with more threads (measured on the default
-model: a 1-token layer takes 1.09 ms on one thread, 1.16 ms on two; with every expert resident,
-two lanes of 4 sequences on one thread each decode 464 tok/s, one context of 8 sequences on two
-threads 346), so the runner splits the sequences into lanes, one per threads_per_lane threads:
-each lane is a context of its own with the step loop above, on its own thread; the lanes share
-the expert cache, whose upload queue orders every lane's loads lagging first. One lane (one
-context, all threads) is the plain self-balancing scheduler.
+When a group holds every flight, its call goes on through the following layers while their
+expected stall costs less than one more call (see _Lane._range_end): with fast loads or rare
+misses, whole steps run in one call, which is blocking's schedule; with slow loads, calls stop
+at each layer and the flights whose experts are in run ahead of those whose experts load.
+
+Lanes (`lanes`, default 1): the sequences may be split into lanes, each a context of its own
+with this step loop on its own thread and a share of the threads; the lanes share the expert
+cache, whose upload queue orders every lane's loads lagging first. Lanes read more expert
+bytes than one context does (each lane reads the union of its own tokens' experts: measured on
+the default model at a 50% cache, two lanes of 4 pinned 1.66x the experts one context of 8
+did), so one lane, all threads, is the default; more lanes pay only where one small graph does
+not get faster with more threads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable
 
 from bevy_gguf._native.llama_handles import Context, ContextParams, Model
+from bevy_gguf.engine.cost_model import CallCostModel, CallShape
 from bevy_gguf.engine.expert_cache import ExpertCache
-from bevy_gguf.engine.plan import FIRST, Flight, Group, PolicyParams, admit_loads, plan
+from bevy_gguf.engine.plan import FIRST, Flight, Group, MergeCosts, PolicyParams, admit_loads, call_end, plan
 from bevy_gguf.engine.request import Request
 from bevy_gguf.engine.runners.batched import context_params
 from bevy_gguf.engine.source import FixedSource, RequestSource
@@ -35,7 +42,8 @@ from bevy_gguf.errors import BevyError
 
 WAIT_SLICE_MS = 50  # a wait for loads re-checks at least this often
 MISS_RATE_DECAY = 0.98  # per lookup: a layer's miss rate forgets old lookups at this rate
-THREADS_PER_LANE = 1  # threads of each lane's context (see the module docstring)
+PASS_DECAY = 0.1  # a pass's Python time (and a group's share of distinct experts) moves the lane's average
+                  # a tenth of the way
 
 
 class SelfBalancingRunner:
@@ -44,7 +52,7 @@ class SelfBalancingRunner:
     def __init__(self, model: Model, cache: ExpertCache, n_parallel: int, n_threads: int = 2,
                  flash_attn_type: int = -1, wait_timeout_s: float = 300.0,
                  on_step: Callable[[int, list[Flight]], None] | None = None, load_window: int | None = None,
-                 merge_misses: float = 2.0, threads_per_lane: int = THREADS_PER_LANE) -> None:
+                 merge_misses: float | None = None, lanes: int = 1, split_factor: float = 1.0) -> None:
         self.model = model
         self.cache = cache
         self.n_parallel = n_parallel
@@ -57,15 +65,17 @@ class SelfBalancingRunner:
         # a group that holds every flight of its lane extends its call through the following
         # layers where it expects fewer than this many misses (a miss there stalls the call, as
         # blocking does)
-        self.merge_misses = merge_misses
-        self.threads_per_lane = threads_per_lane
+        self.merge_misses = merge_misses  # None: decide by the cost model (see _Lane._range_end)
+        self.lanes = lanes  # at most; each gets an equal share of the threads
         self.micro_batch: int | None = None  # tokens per call, once the lanes are made
+        self.split_factor = split_factor  # see plan.PolicyParams (0: run whatever is ready)
+        self.cost_models: list[CallCostModel] = []  # one per lane, as the last serve made them
 
     def lanes_for(self, n_seq: int) -> int:
-        """How many lanes: one per threads_per_lane threads and at most one per sequence, while
-        the cache holds, for each lane, a token's experts for its calls and as many for what it
+        """How many lanes: as asked, but at most one per thread and per sequence, while the
+        cache holds, for each lane, a token's experts for its calls and as many for what it
         reserves (lanes keep their reservations while they compute, see _Lane)."""
-        lanes = max(1, min(self.n_threads // max(1, self.threads_per_lane), n_seq))
+        lanes = max(1, min(self.lanes, self.n_threads, n_seq))
         while lanes > 1 and self.cache.n_slots // (2 * lanes) < self.cache.layout.min_slots(1):
             lanes -= 1
         return lanes
@@ -98,9 +108,11 @@ class SelfBalancingRunner:
         for i in range(k):
             seqs = n_seq // k + (i < n_seq % k)
             lane_params = params if k == 1 else dataclasses.replace(
-                params, n_seq_max=seqs, n_ctx=max(1, params.n_ctx // n_seq) * seqs, n_threads=self.threads_per_lane)
+                params, n_seq_max=seqs, n_ctx=max(1, params.n_ctx // n_seq) * seqs,
+                n_threads=self.n_threads // k + (i < self.n_threads % k))
             lanes.append(_Lane(self, i, k, lane_params, hold_decode))
         self.micro_batch = max(lane.chunk for lane in lanes)  # tokens per call of a prompt chunk
+        self.cost_models = [lane.cost_model for lane in lanes]
         errors: list[BaseException] = []
 
         def serve_lane(lane: _Lane) -> None:
@@ -181,7 +193,9 @@ class _Lane:
         # with reservations held, a call's tokens must fit its share at every layer it merges
         max_tokens = self.chunk if self.keep_reservations else self.params.n_batch
         self.policy = PolicyParams(n_layer=self.model.n_layer, max_tokens=max_tokens, max_experts=share,
-                                   hold_decode=hold_decode, load_window=runner.load_window)
+                                   hold_decode=hold_decode, load_window=runner.load_window,
+                                   split_factor=runner.split_factor)
+        self.cost_model = CallCostModel()  # this lane's calls on this machine (a lane: one thread count)
         self.stats = RunStats()
         self.prefill_done = False
         self.t_decode0: float | None = None
@@ -190,6 +204,11 @@ class _Lane:
         self.miss_rate = [1.0] * self.model.n_layer  # nothing is known: assume misses
         self._seen = [(0, 0)] * self.model.n_layer
         self._flights = self.cache.flights()  # the native buffer of each pass's flights
+        self._pass_s = 0.0  # this lane's Python time per scheduling pass (moving average)
+        self._pass_py = 0.0  # ... of the current pass, before its call
+        self._call_s = 0.0  # the current pass's call, from begin to end
+        # the share of a group's k selections per token that are distinct experts (moving average)
+        self._distinct_share = 1.0
 
     def serve(self, source: RequestSource) -> None:
         with Context(self.model, self.params) as ctx:
@@ -225,9 +244,18 @@ class _Lane:
                 continue
             if not self.prefill_done and not any(f.prefill for f in flights):
                 runner._lane_prefilled(self)  # with hold_decode: every lane's prompts are in first
+            t_pass = time.perf_counter()
             since = self._refresh(flights)  # and the loads completed before it
             self._update_miss_rates()
-            p = plan(flights, self.policy)
+            p = plan(flights, self.policy, self._group_cost)
+            self._pass_py = time.perf_counter() - t_pass
+            if p.group is None and p.wait_for:  # a group is ready, but these flights' loads land sooner
+                for i in p.wait_for:
+                    flights[i].held = True  # once per layer: if the loads are late, go without it
+                lead = min((flights[i] for i in p.wait_for), key=lambda f: f.lag)
+                timeout_ms = max(1, min(WAIT_SLICE_MS, math.ceil(1e3 * p.wait_s)))
+                self.cache.wait(since, timeout_ms, lead.layer)
+                continue
             if p.group is None:  # nothing is ready: wait for a load (counted as stall)
                 lead = min((flights[i] for i in p.waiting), key=lambda f: f.lag)
                 if not self.cache.wait(since, WAIT_SLICE_MS, lead.layer):
@@ -251,25 +279,37 @@ class _Lane:
                  [(flights[i].progress << 32) | ((flights[i].layer + 1) << 16) for i in order],
                  [True] * len(admitted) + [False] * len(rest), [not flights[i].counted for i in order])
         self.cache.refresh(self.owner, buf)
-        missing = dict(zip(order, buf.absent()))
+        missing, eta = dict(zip(order, buf.absent())), dict(zip(order, buf.eta_s()))
         for i, f in enumerate(flights):
             f.ready = f.layer == FIRST or missing[i] == 0
+            f.eta = 0.0 if f.ready else eta[i]
+            f.held = f.held and not f.ready
             f.counted = True
         return buf.pass_.version
 
+    def _group_cost(self, members: list[Flight]) -> float | None:
+        """The compute seconds this lane's cost model predicts for a one-layer call of members."""
+        if not members or members[0].layer == FIRST:
+            return None
+        experts = len(set().union(*(f.experts for f in members)))
+        tokens = sum(len(f.tokens) for f in members)
+        context = sum(len(f.tokens) * f.pos0 + len(f.tokens) * (len(f.tokens) + 1) // 2 for f in members)
+        return self.cost_model.predict(CallShape(layers=1, tokens=tokens, experts=experts, context=context))
+
     def _range_end(self, group: Group, flights: list[Flight]) -> int:
-        """Where the group's call stops: right after its own layer, or, when the group holds
-        every flight (nobody could run while it stalls), through the following layers where it
-        expects fewer than merge_misses misses (recent miss rate x its lookups): when misses are
-        rare, whole steps run in one call."""
-        n_layer = self.model.n_layer
-        end = 0 if group.layer == FIRST else group.layer + 1
-        if len(group.members) < len(flights):
-            return end
-        lookups = sum(len(flights[i].tokens) for i in group.members) * self.cache.layout.top_k
-        while end < n_layer and self.miss_rate[end] * lookups < self.runner.merge_misses:
-            end += 1
-        return end
+        """Where the group's call stops (plan.call_end), with what this lane has measured."""
+        layout = self.cache.layout
+        members = [flights[i] for i in group.members]
+        tokens = sum(len(f.tokens) for f in members)
+        distinct = min(layout.n_expert, tokens * layout.top_k * self._distinct_share)
+        context = sum(len(f.tokens) * (f.pos0 + 1) for f in members)
+        overhead = self.cost_model.call_overhead()
+        costs = None if overhead is None else MergeCosts(
+            overhead_s=overhead + self._pass_s, load_s=self._flights.pass_.load_ns / 1e9,
+            workers=self.cache.n_workers, distinct=distinct,
+            layer_s=self.cost_model.predict(CallShape(1, tokens, round(distinct), context)) or 0.0)
+        return call_end(group, len(flights), tokens, self.policy, layout.top_k, layout.n_expert, self.miss_rate,
+                        costs, self.runner.merge_misses)
 
     def _update_miss_rates(self) -> None:
         """Per layer, a moving average of the fraction of lookups that missed, weighted per
@@ -292,7 +332,16 @@ class _Lane:
 
     def _run_group(self, ctx: Context, requests: list[Request], flights: list[Flight], group: Group,
                    t0: float, stats: RunStats) -> None:
+        t_enter = time.perf_counter()
+        self._call(ctx, requests, flights, group, t0, stats)
+        # this pass's Python: the scheduling before, and the group's work around its call
+        py = self._pass_py + time.perf_counter() - t_enter - self._call_s
+        self._pass_s = py if self._pass_s == 0 else self._pass_s + PASS_DECAY * (py - self._pass_s)
+
+    def _call(self, ctx: Context, requests: list[Request], flights: list[Flight], group: Group,
+              t0: float, stats: RunStats) -> None:
         self._waiting_since = None
+        self._call_s = 0.0
         members = [flights[i] for i in group.members]
         n_layer = self.model.n_layer
         il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, self._range_end(group, flights))
@@ -311,6 +360,7 @@ class _Lane:
             self.cache.unreserve_all(self.owner)
         start_t = time.perf_counter()
         self.cache.begin(ctx, min(f.progress for f in members), count_from)
+        call_t = time.perf_counter()  # after the gate let it in
         try:
             ctx.decode_layers(rows, hidden, il_begin, il_end, lookahead, reuse)
         except BevyError as e:
@@ -318,8 +368,12 @@ class _Lane:
                 requests[f.index].fail(str(e))
             return
         finally:
-            self.cache.end(ctx)
-        elapsed = time.perf_counter() - start_t
+            used_experts, waited_s = self.cache.end(ctx)
+            self._call_s = time.perf_counter() - start_t
+        elapsed = self._call_s
+        context = sum(pos + 1 for _, pos, _, _ in rows)
+        self.cost_model.observe(CallShape(layers=il_end - il_begin, tokens=len(rows), experts=used_experts,
+                                          context=context), time.perf_counter() - call_t - waited_s)
         if all(f.prefill for f in members):
             stats.prefill_s += elapsed
         if not final:
@@ -327,6 +381,9 @@ class _Lane:
             il, experts = ctx.hook.routed([b for _, _, b in spans], self.cache.layout.top_k)
             if il != il_end:
                 raise BevyError(f"the lookahead ran layer {il}, the call asked for {il_end}")
+            union = len(set().union(*experts))
+            share = union / (len(rows) * self.cache.layout.top_k)
+            self._distinct_share += PASS_DECAY * (share - self._distinct_share)
             for (f, a, b), need in zip(spans, experts):
                 f.h = h[a:b]
                 f.layer = il_end
