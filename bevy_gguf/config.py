@@ -105,7 +105,8 @@ class EngineConfig:
     link_workers: int = 4                # upload threads
     wait_timeout_s: float = 300.0        # a decode waiting longer for experts fails
     seed: int = 0                        # of the random eviction policy
-    lanes: int = 1                       # bevy: contexts the sequences are split into, each on its own thread
+    lanes: int = 0                       # bevy: contexts the sequences are split into, each on its own share of
+                                         # the threads (0: one, or one per thread, as measured at start)
     split_factor: float = 1.0            # bevy: a group waits for a flight whose loads land within this many
                                          # times its predicted compute (0: run whatever is ready)
     # device options (where the expert cache lives) join here; today it is host memory
@@ -118,7 +119,9 @@ class EngineConfig:
             raise BevyError(f"unknown engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
         if self.scheduler not in scheduler_names():
             raise BevyError(f"unknown scheduler {self.scheduler!r}: choose one of {', '.join(scheduler_names())}")
-        for name in ("n_parallel", "n_threads", "link_workers", "lanes"):
+        if not isinstance(self.lanes, int) or isinstance(self.lanes, bool) or self.lanes < 0:
+            raise BevyError(f"lanes must be an integer of at least 0 (0: measured), got {self.lanes!r}")
+        for name in ("n_parallel", "n_threads", "link_workers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise BevyError(f"{name} must be an integer, got {value!r}")

@@ -52,7 +52,7 @@ class BenchConfig:
     seed: int = 0
     timeline: bool = True
     split_factor: float = 1.0  # bevy's
-    lanes: int = 1  # bevy's
+    lanes: int = 0  # bevy's (0: measured)
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.systems if s not in SYSTEMS]
@@ -145,6 +145,8 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
         "micro_batch": ok[0].get("micro_batch"),
         "load_s": _median([r["load_s"] for r in ok if r.get("load_s")]),
         "cost_model": ok[-1].get("cost_model") or None,  # the last run's fit, per lane
+        "lanes": [r.get("lanes") for r in ok] if ok[0].get("lanes") else None,
+        "lane_seconds": ok[-1].get("lane_seconds") or None,
     }
     if counters and counters[0].get("prefetch_loads"):
         tp = sum(c["prefetch_hits"] for c in counters)

@@ -83,13 +83,18 @@ def markdown(report: dict[str, Any], command: str) -> str:
         lines += ["", "The call cost model each lane of `bevy` fitted on this machine (last run of each point; "
                   "compute seconds of a layer-range call = fixed + per layer + per token-layer + per expert read "
                   "+ per attended position-layer), and the link's time per expert load:", "",
-                  "| cache | " + ("link | " if sweep else "") + "lane | calls | fixed µs | per layer µs | "
-                  "per token-layer µs | per expert µs | per 1k positions-layer µs | link ms per load |",
-                  "|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|---|---|"]
+                  "| cache | " + ("link | " if sweep else "") + "lanes (per run) | 1 layer, 1 / k lanes ms | lane | "
+                  "calls | fixed µs | per layer µs | per token-layer µs | per expert µs | per 1k positions-layer µs | "
+                  "link ms per load |",
+                  "|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|---|---|---|---|"]
         for r in fits:
             link = f"{_link_cell(r.get('link_point'))} | " if sweep else ""
+            lanes = ", ".join(str(k) for k in r.get("lanes") or []) or "-"
+            secs = r.get("lane_seconds") or {}
+            timing = " / ".join(f"{1e3 * v:.2f}" for _, v in sorted(secs.items(), key=lambda kv: int(kv[0]))) or "-"
             for lane, m in enumerate(r["cost_model"]):
-                lines.append(f"| {r['cache']:.0f}% | {link}{lane} | {m['calls']} | {1e6 * m['fixed']:.0f} | "
+                lines.append(f"| {r['cache']:.0f}% | {link}{lanes} | {timing} | {lane} | {m['calls']} | "
+                             f"{1e6 * m['fixed']:.0f} | "
                              f"{1e6 * m['per_layer']:.0f} | {1e6 * m['per_token_layer']:.1f} | "
                              f"{1e6 * m['per_expert']:.1f} | {1e9 * m['per_context_layer']:.1f} | "
                              f"{_fmt(r.get('load_s') and 1e3 * r['load_s'], '.2f')} |")

@@ -52,7 +52,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                           scheduler="blocking" if stock else system, n_parallel=spec["parallel"],
                           n_threads=spec["threads"], expert_cache=spec.get("cache", "100%"),
                           link=spec.get("link", "file"), eviction=spec.get("eviction", "next-use"),
-                          split_factor=spec.get("split_factor", 1.0), lanes=spec.get("lanes", 1))
+                          split_factor=spec.get("split_factor", 1.0), lanes=spec.get("lanes", 0))
     result = run_requests(config, make_requests, trace_events=0 if stock else spec.get("trace_events", 0))
     s = result.stats
     out: dict[str, Any] = {
@@ -67,6 +67,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         out |= {"cache_bytes": result.cache["bytes"], "link": result.cache["link"], "decode_counters": d,
                 "micro_batch": result.cache["micro_batch"], "events": result.cache["events"],
                 "load_s": result.cache["load_s"], "cost_model": result.cache["cost_model"],
+                "lanes": result.cache["lanes"], "lane_seconds": result.cache["lane_seconds"],
                 "compute_busy_s": d.get("compute_busy_ns", 0) / 1e9, "link_busy_s": d.get("link_busy_ns", 0) / 1e9}
     else:
         out |= {"compute_busy_s": s.decode_s, "link_busy_s": 0.0}

@@ -69,7 +69,7 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
                   n_parallel=args.parallel, n_threads=args.threads, n_ctx=getattr(args, "ctx_size", None),
                   flash_attn=args.flash_attn, expert_cache=args.expert_cache, link=args.link,
                   eviction=args.eviction, link_workers=args.link_workers, wait_timeout_s=args.wait_timeout,
-                  lanes=getattr(args, "lanes", 1), split_factor=getattr(args, "split_factor", 1.0))
+                  lanes=getattr(args, "lanes", 0), split_factor=getattr(args, "split_factor", 1.0))
     return EngineConfig(**(values | overrides))
 
 
@@ -196,8 +196,9 @@ def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: b
                    help="upload threads (several reads in flight keep a disk busier)")
     p.add_argument("--wait-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="a decode waiting longer for experts fails with an error")
-    p.add_argument("--lanes", type=positive("--lanes"), default=1,
-                   help="bevy: split the sequences into this many contexts, each on its own share of the threads")
+    p.add_argument("--lanes", type=int, default=0,
+                   help="bevy: split the sequences into this many contexts, each on its own share of the threads "
+                        "(default 0: one, or one per thread, whichever this machine runs faster, measured at start)")
     p.add_argument("--split-factor", type=float, default=1.0, metavar="X",
                    help="bevy: a group waits for a request whose experts land within X times the group's "
                         "compute, as the cost model measured on this machine predicts (0: run whatever is ready)")
@@ -251,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--eviction", choices=EVICTIONS, default="next-use")
     be.add_argument("--repeats", type=positive("--repeats"), default=3)
     be.add_argument("--split-factor", type=float, default=1.0, metavar="X", help="bevy's (see run --help)")
-    be.add_argument("--lanes", type=positive("--lanes"), default=1, help="bevy's (see run --help)")
+    be.add_argument("--lanes", type=int, default=0, help="bevy's (see run --help)")
     be.add_argument("--workload", choices=["text", "generate"], default="text",
                     help="text: teacher-forced workload texts; generate: greedy generation")
     be.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=16)

@@ -62,6 +62,7 @@ class LLMEngine:
             self.model.close()
             raise
         self.runner: Runner | None = None  # the last one made
+        self._lane_memo: dict[tuple[int, int], int] = {}  # bevy's lane counts measured on this machine
         self._queue: LiveQueue | None = None
         self._thread: threading.Thread | None = None
         self.serve_stats: RunStats | None = None
@@ -78,7 +79,7 @@ class LLMEngine:
         elif self.scheduler.runner == "layers":
             runner = SelfBalancingRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash,
                                          wait_timeout_s=cfg.wait_timeout_s, lanes=cfg.lanes,
-                                         split_factor=cfg.split_factor)
+                                         split_factor=cfg.split_factor, lane_memo=self._lane_memo)
         elif self.scheduler.runner == "contexts":
             runner = ContextRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash)
         else:
@@ -155,7 +156,8 @@ class LLMEngine:
                 "micro_batch": self.runner.micro_batch if self.runner else None, "decode": stats.decode_counters,
                 "total": c.counters(), "layers": [c.counters(il) for il in range(self.info.n_layer)],
                 "events": c.events() if events else [], "load_s": c.load_s(),
-                "cost_model": [m.as_dict() for m in models]}
+                "cost_model": [m.as_dict() for m in models], "lanes": getattr(self.runner, "lanes_used", None),
+                "lane_seconds": getattr(self.runner, "lane_seconds", {})}
 
     def close(self) -> None:
         """Stop serving, then free the cache (and its hooks) and the model, in that order."""

@@ -42,7 +42,8 @@ class RunResult:
                       "scheduler": self.cache["scheduler"], "expert_cache_bytes": self.cache["bytes"],
                       "expert_cache_slots": self.cache["slots"], "micro_batch": self.cache["micro_batch"],
                       "total": self.cache["total"], "link_load_s": self.cache["load_s"],
-                      "cost_model": self.cache["cost_model"]}
+                      "cost_model": self.cache["cost_model"], "lanes": self.cache["lanes"],
+                      "lane_seconds": self.cache["lane_seconds"]}
             if c.get("prefetch_loads"):
                 tp, fp, fn = c["prefetch_hits"], c["prefetch_wasted"], c["prefetch_missed"]
                 stats |= {"prefetch_precision": round(tp / max(tp + fp, 1), 6),

@@ -92,3 +92,13 @@ def test_bevy_through_the_cli_and_json(runahead_model: Path) -> None:
                    "--scheduler", "bevy", "--expert-cache", "25%")
     s = doc["stats"]
     assert s["scheduler"] == "bevy" and s["tok_per_s"] > 0 and 0 < s["hit_rate"] <= 1 and s["bytes_loaded"] > 0
+
+
+def test_the_lane_count_is_measured_unless_given(qwen3_tiny: Path) -> None:
+    auto = run_json("run", qwen3_tiny, "-p", "Hello", "-p", "abc", "-np", "2", "-n", "4", "-t", "2",
+                    "--expert-cache", "100%")["stats"]
+    assert auto["lanes"] in (1, 2) and set(auto["lane_seconds"]) == {"1", "2"}
+    assert all(s > 0 for s in auto["lane_seconds"].values())
+    given = run_json("run", qwen3_tiny, "-p", "Hello", "-p", "abc", "-np", "2", "-n", "4", "-t", "2",
+                     "--expert-cache", "100%", "--lanes", "2")["stats"]
+    assert given["lanes"] == 2 and given["lane_seconds"] == {}

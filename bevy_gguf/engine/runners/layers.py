@@ -13,13 +13,14 @@ expected stall costs less than one more call (see _Lane._range_end): with fast l
 misses, whole steps run in one call, which is blocking's schedule; with slow loads, calls stop
 at each layer and the flights whose experts are in run ahead of those whose experts load.
 
-Lanes (`lanes`, default 1): the sequences may be split into lanes, each a context of its own
-with this step loop on its own thread and a share of the threads; the lanes share the expert
-cache, whose upload queue orders every lane's loads lagging first. Lanes read more expert
-bytes than one context does (each lane reads the union of its own tokens' experts: measured on
-the default model at a 50% cache, two lanes of 4 pinned 1.66x the experts one context of 8
-did), so one lane, all threads, is the default; more lanes pay only where one small graph does
-not get faster with more threads.
+Lanes: the sequences may be split into lanes, each a context of its own with this step loop on
+its own thread and a share of the threads; the lanes share the expert cache, whose upload queue
+orders every lane's loads lagging first. Lanes read more expert bytes than one context does
+(each lane reads the union of its own tokens' experts: measured on the default model at a 50%
+cache, two lanes of 4 pinned 1.66x the experts one context of 8 did), and pay only where a small
+graph does not get faster with more threads, so by default (`lanes` 0) the runner measures
+both on this machine before it decodes (calibrate.py) and runs the faster: one lane, or a lane
+per thread.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import time
 from collections.abc import Callable
 
 from bevy_gguf._native.llama_handles import Context, ContextParams, Model
+from bevy_gguf.engine.calibrate import calibration_layers, choose_lanes
 from bevy_gguf.engine.cost_model import CallCostModel, CallShape
 from bevy_gguf.engine.expert_cache import ExpertCache
 from bevy_gguf.engine.plan import FIRST, Flight, Group, MergeCosts, PolicyParams, admit_loads, call_end, plan
@@ -52,7 +54,8 @@ class SelfBalancingRunner:
     def __init__(self, model: Model, cache: ExpertCache, n_parallel: int, n_threads: int = 2,
                  flash_attn_type: int = -1, wait_timeout_s: float = 300.0,
                  on_step: Callable[[int, list[Flight]], None] | None = None, load_window: int | None = None,
-                 merge_misses: float | None = None, lanes: int = 1, split_factor: float = 1.0) -> None:
+                 merge_misses: float | None = None, lanes: int = 1, split_factor: float = 1.0,
+                 lane_memo: dict[tuple[int, int], int] | None = None) -> None:
         self.model = model
         self.cache = cache
         self.n_parallel = n_parallel
@@ -66,16 +69,20 @@ class SelfBalancingRunner:
         # layers where it expects fewer than this many misses (a miss there stalls the call, as
         # blocking does)
         self.merge_misses = merge_misses  # None: decide by the cost model (see _Lane._range_end)
-        self.lanes = lanes  # at most; each gets an equal share of the threads
+        self.lanes = lanes  # at most; each gets an equal share of the threads; 0: measured (calibrate.py)
+        self.lane_memo = {} if lane_memo is None else lane_memo  # (sequences, threads) -> lanes measured
+        self.lane_seconds: dict[int, float] = {}  # what the measurement took per lane count
+        self.lanes_used: int | None = None  # as the last serve ran
         self.micro_batch: int | None = None  # tokens per call, once the lanes are made
         self.split_factor = split_factor  # see plan.PolicyParams (0: run whatever is ready)
         self.cost_models: list[CallCostModel] = []  # one per lane, as the last serve made them
 
-    def lanes_for(self, n_seq: int) -> int:
+    def lanes_for(self, n_seq: int, asked: int | None = None) -> int:
         """How many lanes: as asked, but at most one per thread and per sequence, while the
         cache holds, for each lane, a token's experts for its calls and as many for what it
         reserves (lanes keep their reservations while they compute, see _Lane)."""
-        lanes = max(1, min(self.lanes, self.n_threads, n_seq))
+        asked = self.lanes if asked is None else asked
+        lanes = max(1, min(asked or self.n_threads, self.n_threads, n_seq))
         while lanes > 1 and self.cache.n_slots // (2 * lanes) < self.cache.layout.min_slots(1):
             lanes -= 1
         return lanes
@@ -97,7 +104,7 @@ class SelfBalancingRunner:
         """Decode what source gives, as it comes (params.n_seq_max in flight at most); with
         hold_decode, generated tokens wait while any prompt prefills (in any lane)."""
         n_seq = params.n_seq_max
-        k = self.lanes_for(n_seq)
+        k = self.lanes_used = self.lanes_for(n_seq) if self.lanes else self._measured_lanes(params)
         self.cache.set_concurrency(k)
         self.requests: list[Request] = []  # every lane's, in arrival order: Flight.index points here
         self._lock = threading.Lock()
@@ -138,6 +145,20 @@ class SelfBalancingRunner:
         if errors:
             raise errors[0]
         return self._merge(lanes)
+
+    def _measured_lanes(self, params: ContextParams) -> int:
+        """One lane, or every thread a lane of its own, whichever this machine runs faster
+        (calibrate.py); measured once per (sequences, threads) and remembered."""
+        n_seq = params.n_seq_max
+        most = self.lanes_for(n_seq, asked=self.n_threads)
+        key = (n_seq, self.n_threads)
+        if key not in self.lane_memo:
+            if most == 1 or not calibration_layers(self.cache, n_seq):
+                self.lane_memo[key] = 1
+            else:
+                self.lane_memo[key], self.lane_seconds = choose_lanes(
+                    self.model, self.cache, dataclasses.replace(params, n_threads=self.n_threads), [1, most])
+        return self.lane_memo[key]
 
     def _lane_prefilled(self, lane: _Lane) -> None:
         """A lane has no prompt left to prefill (or stopped): with hold_decode, it waits for the

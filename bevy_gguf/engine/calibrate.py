@@ -1,0 +1,115 @@
+"""How many lanes `bevy` runs, measured on this machine before it decodes.
+
+One context on every thread reads each expert once per batch; k lanes (k contexts of n_seq / k
+sequences, n_threads / k threads each, side by side) read the union of each lane's tokens'
+experts, more bytes in all, but a small graph may not get faster with more threads, so on some
+machines lanes decode faster and on others slower (measured: two lanes were 1.22x one context at
+a 75% cache on one 2-core machine, and slower than blocking on another). So the runner times it:
+the same batch of tokens through a whole step (every layer in one call; one layer when the
+cache cannot hold a step's experts), as one context of every thread and as k lanes
+computing at once, each a few times after a warm-up that loads the experts it reads, and takes
+the fastest (fewer lanes unless more are faster by a margin: they read more bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import threading
+import time
+
+from bevy_gguf._native.llama_handles import Context, ContextParams, Model
+from bevy_gguf.engine.expert_cache import ExpertCache
+
+REPEATS = 5        # timed runs per candidate (median)
+MARGIN = 0.97      # more lanes must take at most this share of one lane's time (they read more bytes)
+CALIBRATION_TEXT = "The quick brown fox jumps over the lazy dog; def f(x): return 2 * x + 1  # 3.14159"
+
+
+def _tokens(model: Model, n: int) -> list[int]:
+    """n tokens of a fixed text (repeated as needed): each decodes as a sequence of its own."""
+    text = model.tokenize(CALIBRATION_TEXT, add_bos=False)
+    return [text[i % len(text)] for i in range(n)]
+
+
+def _layers(ctx: Context, tokens: list[int], n_layers: int) -> None:
+    """Each token alone at position 0 of its own sequence, through the first n_layers layers in
+    one call (and the lookahead's attention of the next)."""
+    rows = [(tok, 0, seq, True) for seq, tok in enumerate(tokens)]
+    ctx.decode_layers(rows, None, 0, 0, True, False)
+    ctx.decode_layers(rows, [ctx.hidden(len(rows))], 0, n_layers, ctx.model.n_layer > n_layers, True)
+    for seq in range(len(tokens)):
+        ctx.seq_rm(seq)
+
+
+def time_lanes(model: Model, cache: ExpertCache, params: ContextParams, lanes: int, n_seq: int,
+               n_layers: int = 1) -> float:
+    """Median seconds of n_seq tokens through the first n_layers layers on `lanes` contexts at once."""
+    tokens = _tokens(model, n_seq)
+    shares = [tokens[i::lanes] for i in range(lanes)]
+    contexts = []
+    try:
+        for i, share in enumerate(shares):
+            threads = params.n_threads // lanes + (i < params.n_threads % lanes)
+            cp = dataclasses.replace(params, n_ctx=max(64, 2 * len(share)), n_batch=max(len(share), 1),
+                                     n_ubatch=max(len(share), 1), n_seq_max=len(share), n_threads=threads)
+            ctx = Context(model, cp)
+            contexts.append(ctx)
+            cache.attach(ctx)
+        cache.set_concurrency(lanes)
+        # each lane on one thread for every repeat, as in a run (a new thread would start a new
+        # OpenMP team: its start-up would be timed); repeats begin together at a barrier
+        times: list[float] = []
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(lanes)
+
+        def run(ctx: Context, share: list[int], timer: bool) -> None:
+            try:
+                for repeat in range(REPEATS + 1):
+                    barrier.wait()
+                    t = time.perf_counter()
+                    _layers(ctx, share, n_layers)
+                    barrier.wait()
+                    if timer and repeat:  # the first loads the experts
+                        times.append(time.perf_counter() - t)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errors.append(e)
+                barrier.abort()
+
+        workers = [threading.Thread(target=run, args=(c, s, False)) for c, s in zip(contexts[1:], shares[1:])]
+        for w in workers:
+            w.start()
+        run(contexts[0], shares[0], True)  # the first lane on this thread
+        for w in workers:
+            w.join()
+        if errors:
+            raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
+        return statistics.median(times)
+    finally:
+        for ctx in contexts:
+            ctx.close()
+        cache.release_hooks()
+
+
+def calibration_layers(cache: ExpertCache, n_seq: int) -> int:
+    """Layers the calibration runs: every layer if the cache holds all their experts for n_seq
+    tokens at once, else one if it holds one layer's twice over, else 0 (it must not evict what
+    it reads, nor fail for want of slots)."""
+    layout = cache.layout
+    per_layer = min(layout.n_expert, n_seq * layout.top_k)
+    if layout.n_layer * per_layer <= cache.n_slots:
+        return layout.n_layer
+    return 1 if 2 * per_layer <= cache.n_slots else 0
+
+
+def choose_lanes(model: Model, cache: ExpertCache, params: ContextParams, candidates: list[int]) -> tuple[int, dict]:
+    """The lane count to run (the first candidate unless a later one takes at most MARGIN of its
+    time), and the seconds each took."""
+    n_seq = params.n_seq_max
+    layers = max(1, calibration_layers(cache, n_seq))
+    seconds = {k: time_lanes(model, cache, params, k, n_seq, layers) for k in candidates}
+    best = candidates[0]
+    for k in candidates[1:]:
+        if seconds[k] <= MARGIN * seconds[best]:
+            best = k
+    return best, seconds
