@@ -18,6 +18,7 @@ from bevy_gguf.errors import BevyError
 ENGINES = ("bevy", "stock")
 EVICTIONS = ("next-use", "lru", "random")
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # LLAMA_FLASH_ATTN_TYPE_*
+TWO_PASS = ("auto", "on", "off")
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -109,6 +110,9 @@ class EngineConfig:
                                          # the threads (0: one, or one per thread, as measured at start)
     split_factor: float = 1.0            # bevy: a group waits for a flight whose loads land within this many
                                          # times its predicted compute (0: run whatever is ready)
+    two_pass: str = "auto"               # auto | on | off: a MoE layer computes its loaded experts while the
+                                         # others load (auto: bevy and bevy-ctx; blocking and prefetch stand
+                                         # for llama.cpp's stall on a missing expert)
     # device options (where the expert cache lives) join here; today it is host memory
 
     def __post_init__(self) -> None:
@@ -133,6 +137,8 @@ class EngineConfig:
             raise BevyError(f"flash_attn {self.flash_attn!r}: choose one of {', '.join(FLASH_ATTN)}")
         if self.eviction not in EVICTIONS:
             raise BevyError(f"unknown eviction policy {self.eviction!r}: choose one of {', '.join(EVICTIONS)}")
+        if self.two_pass not in TWO_PASS:
+            raise BevyError(f"two_pass {self.two_pass!r}: choose one of {', '.join(TWO_PASS)}")
         if not isinstance(self.split_factor, (int, float)) or self.split_factor < 0:
             raise BevyError(f"split_factor must be a number of at least 0, got {self.split_factor!r}")
         if not self.wait_timeout_s > 0:

@@ -92,6 +92,7 @@ class BevyMoeCall(ctypes.Structure):
         ("router_in_stride", c_int64),
         ("n_embd", c_int32),
         ("route_only", c_int32),
+        ("pass", c_int32),
     ]
 
 

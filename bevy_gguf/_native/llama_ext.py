@@ -51,6 +51,14 @@ def set_moe_cache(llama_cpp: ModuleType, ctx: int, tensors: ctypes.Array, n_slot
     return fn(ctx, tensors, len(tensors), n_slots)
 
 
+def set_two_pass(llama_cpp: ModuleType, ctx: int, two_pass: bool) -> None:
+    """void llama_moe_set_two_pass(llama_context * ctx, bool two_pass);
+
+    With a cache, each MoE layer computes the experts that are loaded while the others load, then
+    those (patch 0004); the logits are those of one pass."""
+    _symbol(llama_cpp, "llama_moe_set_two_pass", (c_void_p, c_bool), None)(ctx, two_pass)
+
+
 def set_lazy_experts(llama_cpp: ModuleType, lazy: bool) -> None:
     """void llama_moe_set_lazy_experts(bool lazy);
 

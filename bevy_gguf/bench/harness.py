@@ -53,6 +53,7 @@ class BenchConfig:
     timeline: bool = True
     split_factor: float = 1.0  # bevy's
     lanes: int = 0  # bevy's (0: measured)
+    two_pass: str = "auto"  # every bevy-gguf system's (see EngineConfig)
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.systems if s not in SYSTEMS]
@@ -77,7 +78,7 @@ def _spec(cfg: BenchConfig, system: str, cache: str, link: str, trace_events: in
     return {"model": str(cfg.model), "system": system, "cache": cache, "link": link, "parallel": cfg.parallel,
             "requests": cfg.requests, "threads": cfg.threads, "prompt_tokens": cfg.prompt_tokens, "steps": cfg.steps,
             "workload": cfg.workload, "seed": cfg.seed, "eviction": cfg.eviction, "trace_events": trace_events,
-            "split_factor": cfg.split_factor, "lanes": cfg.lanes}
+            "split_factor": cfg.split_factor, "lanes": cfg.lanes, "two_pass": cfg.two_pass}
 
 
 def run_worker(spec: dict[str, Any], cap: MemoryCap | None = None) -> dict[str, Any]:

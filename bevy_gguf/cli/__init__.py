@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from bevy_gguf.config import ENGINES, EVICTIONS, FLASH_ATTN, EngineConfig, physical_cores
+from bevy_gguf.config import ENGINES, EVICTIONS, FLASH_ATTN, TWO_PASS, EngineConfig, physical_cores
 from bevy_gguf.engine.registry import DEFAULT_SCHEDULER, help_text, scheduler_names
 from bevy_gguf.errors import BevyError
 from bevy_gguf.synth.spec import ARCHS, DTYPES, ModelSpec
@@ -69,7 +69,8 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
                   n_parallel=args.parallel, n_threads=args.threads, n_ctx=getattr(args, "ctx_size", None),
                   flash_attn=args.flash_attn, expert_cache=args.expert_cache, link=args.link,
                   eviction=args.eviction, link_workers=args.link_workers, wait_timeout_s=args.wait_timeout,
-                  lanes=getattr(args, "lanes", 0), split_factor=getattr(args, "split_factor", 1.0))
+                  lanes=getattr(args, "lanes", 0), split_factor=getattr(args, "split_factor", 1.0),
+                  two_pass=getattr(args, "two_pass", "auto"))
     return EngineConfig(**(values | overrides))
 
 
@@ -138,7 +139,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       eviction=args.eviction, repeats=args.repeats,
                       systems=[s for s in args.systems.split(",") if s], caches=sweeps["cache"],
                       links=sweeps["link"], workload=args.workload, timeline=bool(args.out),
-                      split_factor=args.split_factor, lanes=args.lanes)
+                      split_factor=args.split_factor, lanes=args.lanes, two_pass=args.two_pass)
     from bevy_gguf.gguf_info import inspect_model
 
     inspect_model(cfg.model)
@@ -199,6 +200,10 @@ def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: b
     p.add_argument("--lanes", type=int, default=0,
                    help="bevy: split the sequences into this many contexts, each on its own share of the threads "
                         "(default 0: one, or one per thread, whichever this machine runs faster, measured at start)")
+    p.add_argument("--two-pass", choices=TWO_PASS, default="auto",
+                   help="compute each MoE layer's loaded experts while its missing ones load, then those "
+                        "(the logits of one pass; default auto: bevy and bevy-ctx do, blocking and prefetch "
+                        "stall as llama.cpp does)")
     p.add_argument("--split-factor", type=float, default=1.0, metavar="X",
                    help="bevy: a group waits for a request whose experts land within X times the group's "
                         "compute, as the cost model measured on this machine predicts (0: run whatever is ready)")
@@ -253,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--repeats", type=positive("--repeats"), default=3)
     be.add_argument("--split-factor", type=float, default=1.0, metavar="X", help="bevy's (see run --help)")
     be.add_argument("--lanes", type=int, default=0, help="bevy's (see run --help)")
+    be.add_argument("--two-pass", choices=TWO_PASS, default="auto", help="for every bevy-gguf system (see run --help)")
     be.add_argument("--workload", choices=["text", "generate"], default="text",
                     help="text: teacher-forced workload texts; generate: greedy generation")
     be.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=16)

@@ -74,17 +74,19 @@ class LLMEngine:
         """The scheduler's runner for n_parallel sequences at once (default: the config's)."""
         cfg, n = self.config, n_parallel or self.config.n_parallel
         flash = cfg.flash_attn_type
+        two_pass = self.scheduler.two_pass if cfg.two_pass == "auto" else cfg.two_pass == "on"
         if self.cache is None:
             runner: Runner = BatchedRunner(self.model, n, cfg.n_threads, flash)
         elif self.scheduler.runner == "layers":
             runner = SelfBalancingRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash,
                                          wait_timeout_s=cfg.wait_timeout_s, lanes=cfg.lanes,
-                                         split_factor=cfg.split_factor, lane_memo=self._lane_memo)
+                                         split_factor=cfg.split_factor, lane_memo=self._lane_memo,
+                                         two_pass=two_pass)
         elif self.scheduler.runner == "contexts":
-            runner = ContextRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash)
+            runner = ContextRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash, two_pass=two_pass)
         else:
             runner = BatchedRunner(self.model, n, cfg.n_threads, flash, cache=self.cache,
-                                   prefetch=self.scheduler.prefetch)
+                                   prefetch=self.scheduler.prefetch, two_pass=two_pass)
         self.runner = runner
         return runner
 

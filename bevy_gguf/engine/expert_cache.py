@@ -74,10 +74,11 @@ class ExpertCache:
                 raise BevyError(f"layer {il}'s router has {w.shape[0]} rows, the model {self.layout.n_expert} experts")
             self.native.set_router(il, w)
 
-    def attach(self, ctx: Context, prefetch: bool = False) -> Hook:
+    def attach(self, ctx: Context, prefetch: bool = False, two_pass: bool = False) -> Hook:
         """Serve ctx's expert matmuls from this cache (a hook of its own, the shared slots) and
         put it behind the cache's compute gate; returns the hook (also ctx.hook). prefetch:
-        predict and load the next layer's experts."""
+        predict and load the next layer's experts; two_pass: a layer computes the experts that
+        are loaded while the others load (llama_ext.set_two_pass)."""
         hook = self.native.new_hook()
         ctx.hook = hook
         hook.set_prefetch(prefetch)
@@ -90,6 +91,7 @@ class ExpertCache:
             tensors[i].nbytes = nbytes * self.n_slots
         if llama_ext.set_moe_cache(ctx.lib, ctx.ptr, tensors, self.n_slots) != 0:
             raise BevyError("llama.cpp refused the expert cache for this model (its log says why)")
+        llama_ext.set_two_pass(ctx.lib, ctx.ptr, two_pass)
         ctx.explain_failure = hook.last_error
         return hook
 

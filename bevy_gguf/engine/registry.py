@@ -6,6 +6,10 @@
 | prefetch | batched | blocking + load the experts layer il+1's router predicts from layer il's input |
 | bevy-ctx | contexts: one per request, on its thread | runahead: blocked ones wait, others compute, lagging first |
 | bevy | layers: lanes of layer-range calls | self-balancing: ready requests grouped per layer, lagging first |
+
+bevy and bevy-ctx also compute each MoE layer in two passes by default (`two_pass`): the experts
+that are loaded while the missing ones load, then those (patch 0004); blocking and prefetch keep
+llama.cpp's one pass, which stalls the whole layer on a missing expert.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ class Scheduler:
     runner: str            # "batched", "contexts" or "layers"
     summary: str           # one line, for help texts
     prefetch: bool = False
+    two_pass: bool = False  # its default for two_pass="auto"
 
 
 SCHEDULERS = {s.name: s for s in (
     Scheduler("bevy", "layers", "requests grouped per layer (layer-range decode), the ready ones run ahead, "
-                                "loads for the lagging first"),
+                                "loads for the lagging first", two_pass=True),
     Scheduler("bevy-ctx", "contexts", "a context per request on its own thread: blocked ones wait, the others "
-                                      "compute, lagging first"),
+                                      "compute, lagging first", two_pass=True),
     Scheduler("prefetch", "batched", "blocking + the next layer's experts predicted by its router", prefetch=True),
     Scheduler("blocking", "batched", "one batched context that stalls on every miss (as stock llama.cpp)"),
 )}

@@ -38,6 +38,8 @@ typedef struct bevy_moe_call {
     int64_t         router_in_stride; // elements between router input rows
     int32_t         n_embd;
     int32_t         route_only;       // 1: a layer-range lookahead (llama_decode_layers): out is ignored
+    int32_t         pass;             // 0: one pass; two passes (llama_moe_set_two_pass): 1: -1 in out for
+                                      // an expert still loading; 2: -1 for every expert pass 1 computed
 } bevy_moe_call;
 
 // The hook signature llama_set_moe_hook takes.
@@ -137,7 +139,8 @@ typedef struct bevy_cache_params {
     X(prefetch_hits,   "predicted experts the layer then selected")                           \
     X(prefetch_wasted, "predicted experts it did not select")                                 \
     X(prefetch_missed, "selected experts that were not predicted")                            \
-    X(compute_busy_ns, "time at least one gated context computed (totals only)")
+    X(compute_busy_ns, "time at least one gated context computed (totals only)")            \
+    X(second_pass,     "experts a layer computed in a second pass, after their loads")
 
 typedef struct bevy_counters {
 #define BEVY_COUNTER_FIELD(name, what) uint64_t name;

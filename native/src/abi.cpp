@@ -36,6 +36,7 @@ const Entry kEntries[] = {
     BEVY_OFFSET(bevy_moe_call, router_in_stride),
     BEVY_OFFSET(bevy_moe_call, n_embd),
     BEVY_OFFSET(bevy_moe_call, route_only),
+    BEVY_OFFSET(bevy_moe_call, pass),
     BEVY_SIZE(bevy_cache_params),
     BEVY_OFFSET(bevy_cache_params, n_layer),
     BEVY_OFFSET(bevy_cache_params, n_expert),

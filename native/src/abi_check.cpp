@@ -21,4 +21,5 @@ BEVY_SAME_FIELD(router_in);
 BEVY_SAME_FIELD(router_in_stride);
 BEVY_SAME_FIELD(n_embd);
 BEVY_SAME_FIELD(route_only);
+BEVY_SAME_FIELD(pass);
 static_assert(sizeof(bevy_moe_call) == sizeof(llama_moe_hook_call), "bevy_moe_call size");

@@ -103,6 +103,9 @@ int32_t CacheHook::record_route(const bevy_moe_call * call) {
 
 int32_t CacheHook::call(const bevy_moe_call * call) {
     const int64_t t_enter = now_ns();
+    if (call->pass == 2) {
+        return second_pass(call, t_enter); // the layer's pins stay: its first pass still holds them
+    }
     cache_->release(pins_); // the previous layer's matmuls are done
     leave_gate();           // and this context may have to wait now
     end_compute(t_enter);
@@ -150,9 +153,18 @@ int32_t CacheHook::call(const bevy_moe_call * call) {
     req.n_prefetch = (int32_t) next.size();
     req.count      = call->il >= count_from_;
     slots_.resize(distinct_.size());
+    ready_.assign(distinct_.size(), 1);
+    req.ready      = call->pass == 1 ? ready_.data() : nullptr; // pass 1: compute what is loaded, wait later
     const int32_t rc = cache_->acquire(req, slots_.data(), pins_, error_);
+    rest_experts_.clear();
+    rest_slots_.clear();
+    rest_il_ = call->il;
     for (size_t i = 0; i < distinct_.size(); ++i) {
-        slot_of_[distinct_[i]] = rc == 0 ? slots_[i] : -1;
+        slot_of_[distinct_[i]] = rc == 0 && ready_[i] ? slots_[i] : -1; // -1: pass 2 computes it
+        if (rc == 0 && !ready_[i]) {
+            rest_experts_.push_back(distinct_[i]);
+            rest_slots_.push_back(slots_[i]);
+        }
     }
     if (rc == 0) {
         for (int32_t t = 0; t < call->n_tokens; ++t) {
@@ -176,6 +188,50 @@ int32_t CacheHook::call(const bevy_moe_call * call) {
         computing_       = call->il;
         computing_since_ = t_start;
         usage_.experts += (int64_t) distinct_.size();
+    }
+    return rc;
+}
+
+int32_t CacheHook::second_pass(const bevy_moe_call * call, int64_t t_enter) {
+    // the first pass's matmuls are done: wait (off the gate) for what it left out, then compute that
+    if (call->il != rest_il_) {
+        error_ = "the second pass of layer " + std::to_string(call->il) + " follows a first pass of layer " +
+                 std::to_string(rest_il_);
+        return -1;
+    }
+    if (rest_experts_.empty()) { // the first pass had everything: nothing to wait for or compute
+        std::fill(call->out, call->out + (size_t) call->n_tokens * call->n_expert_used, -1);
+        return 0;
+    }
+    leave_gate();
+    end_compute(t_enter);
+    const int32_t rc = cache_->wait_loaded(call->il, rest_slots_.data(), (int32_t) rest_slots_.size(), error_);
+    if (call->il >= count_from_) {
+        cache_->count_second_pass(call->il, (int64_t) rest_experts_.size());
+    }
+    for (size_t i = 0; i < rest_experts_.size(); ++i) {
+        slot_of_[rest_experts_[i]] = rest_slots_[i];
+    }
+    const int32_t n_expert = (int32_t) slot_of_.size();
+    for (int32_t t = 0; t < call->n_tokens; ++t) {
+        for (int32_t j = 0; j < call->n_expert_used; ++j) {
+            const int32_t e = call->ids[t * call->ids_stride + j];
+            call->out[t * call->n_expert_used + j] = e >= 0 && e < n_expert ? (int32_t) slot_of_[e] : -1;
+        }
+    }
+    for (int32_t e : rest_experts_) {
+        slot_of_[e] = -1;
+    }
+    if (rc == 0 && gate_) {
+        gate_->enter(gate_key(token_, call->il, id_));
+        holding_ = true;
+    }
+    const int64_t t_start = now_ns();
+    cache_->events().add({kEventWait, id_, call->il, -1, t_enter, t_start});
+    usage_.wait_ns += t_start - t_enter;
+    if (rc == 0) {
+        computing_       = call->il;
+        computing_since_ = t_start;
     }
     return rc;
 }

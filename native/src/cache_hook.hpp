@@ -47,6 +47,7 @@ private:
     void leave_gate();
     void end_compute(int64_t now);  // the layer computed since the last hook is done
     int32_t record_route(const bevy_moe_call * call);
+    int32_t second_pass(const bevy_moe_call * call, int64_t t_enter);
 
     ExpertCache *        cache_;
     int32_t              id_;               // registration in the cache (its position steers eviction)
@@ -54,6 +55,10 @@ private:
     std::vector<int32_t> distinct_;         // scratch: distinct experts of a call
     std::vector<int64_t> slots_;            // scratch: their slots
     std::vector<int64_t> slot_of_;          // scratch: expert -> slot for this call
+    std::vector<uint8_t> ready_;            // scratch: which of distinct_ were loaded (two passes)
+    std::vector<int32_t> rest_experts_;     // two passes: the experts pass 1 left to pass 2,
+    std::vector<int64_t> rest_slots_;       // their slots,
+    int32_t              rest_il_ = -1;     // and their layer
     std::string          error_;
 
     ComputeGate *        gate_    = nullptr; // the cache's gate when this context is gated

@@ -207,13 +207,46 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
         queue_->push({s, il_next, e, (1ull << 62) | req.priority});
     }
 
+    if (req.ready) { // two passes: the caller computes what is loaded now and waits for the rest later
+        for (int32_t i = 0; i < n; ++i) {
+            req.ready[i] = dir_.state(slots[i]) == SlotState::Ready ? 1 : 0;
+        }
+        return 0;
+    }
+    return wait_loaded_locked(lock, il, slots, n, deadline, err);
+}
+
+void ExpertCache::count_second_pass(int32_t il, int64_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (il >= 0 && il < cfg_.n_layer) {
+        layer_counters_[il].second_pass += (uint64_t) n;
+    }
+}
+
+int32_t ExpertCache::wait_loaded(int32_t il, const int64_t * slots, int32_t n, std::string & err) {
+    using clock = std::chrono::steady_clock;
+    if (il < 0 || il >= cfg_.n_layer) {
+        err = "layer " + std::to_string(il) + " is outside the cache's " + std::to_string(cfg_.n_layer) + " layers";
+        return -1;
+    }
+    const auto deadline = cfg_.wait_timeout_ms > 0 ? clock::now() + std::chrono::milliseconds(cfg_.wait_timeout_ms)
+                                                   : clock::time_point::max();
+    std::unique_lock<std::mutex> lock(mutex_);
+    return wait_loaded_locked(lock, il, slots, n, deadline, err);
+}
+
+int32_t ExpertCache::wait_loaded_locked(std::unique_lock<std::mutex> & lock, int32_t il, const int64_t * slots, int32_t n,
+                                        std::chrono::steady_clock::time_point deadline, std::string & err) {
+    using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
     bool waited = false;
     for (int32_t i = 0; i < n; ++i) {
         while (dir_.state(slots[i]) == SlotState::Loading) {
             waited = true;
             if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
-                return timed_out("expert loads");
+                err = "timed out after " + std::to_string(cfg_.wait_timeout_ms) + " ms waiting for expert loads at layer " +
+                      std::to_string(il);
+                return -1;
             }
         }
         if (dir_.state(slots[i]) != SlotState::Ready) {
@@ -222,7 +255,8 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
         }
     }
     if (waited) {
-        lc.stall_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0).count();
+        layer_counters_[il].stall_ns +=
+            (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0).count();
     }
     return 0;
 }

@@ -8,6 +8,7 @@
 #include "slot_directory.hpp"
 #include "upload_queue.hpp"
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -45,6 +46,7 @@ struct AcquireRequest {
     const int32_t * prefetch;      // distinct experts of layer il + 1 to load without waiting
     int32_t         n_prefetch;
     bool            count = true;  // count hits and misses (off when a scheduler counted them already)
+    uint8_t *       ready = nullptr; // if set: do not wait; ready[i] = 1 for the experts already loaded
 };
 
 class ExpertCache {
@@ -63,6 +65,10 @@ public:
     // the prefetch loads, and wait until the pinned slots are loaded; slots[i] is experts[i]'s.
     // Returns 0, or -1 with err.
     int32_t acquire(const AcquireRequest & req, int64_t * slots, std::vector<int64_t> & pins, std::string & err);
+    // wait until these slots (pinned by an acquire at layer il) are loaded; the wait counts as il's stall
+    int32_t wait_loaded(int32_t il, const int64_t * slots, int32_t n, std::string & err);
+    // n experts of layer il were computed in a second pass (counted as such)
+    void count_second_pass(int32_t il, int64_t n);
 
     // contexts that share the cache: their layers steer next-use eviction
     int32_t register_context();
@@ -111,6 +117,8 @@ public:
     int64_t  load_ns() const { return queue_->job_ns(); }
 
 private:
+    int32_t wait_loaded_locked(std::unique_lock<std::mutex> & lock, int32_t il, const int64_t * slots, int32_t n,
+                               std::chrono::steady_clock::time_point deadline, std::string & err);
     bool load(const LoadJob & job, int32_t worker); // false: nothing to load after all
     // A scheduler's load (queued without a slot, so that it evicts nothing while it waits its
     // turn): choose its slot now, reserved for the scheduler until its next refresh if that

@@ -35,6 +35,17 @@ def test_unsplit_cache_is_bit_identical_to_stock(tmp_path: Path, tiny_model: Pat
         assert c["evictions"] > 0
 
 
+@pytest.mark.parametrize("size", ["50%", "100%"])
+def test_two_passes_are_bit_identical_to_stock(tmp_path: Path, tiny_model: Path, size: str) -> None:
+    """Each (token, expert) row is computed in one of the two passes and exactly zero in the other."""
+    _, stock = probe_logits(tmp_path, "stock", tiny_model)
+    result, cached = probe_logits(tmp_path, "patched", tiny_model, "none", "--cache", size, "--two-pass")
+    assert result["error"] is None
+    assert np.array_equal(stock, cached)
+    c = result["counters"]
+    assert c["second_pass"] > 0 and c["second_pass"] <= c["misses"]  # misses computed after their loads
+
+
 def test_a_batch_that_cannot_fit_fails_with_a_clear_error(tmp_path: Path, qwen3_tiny: Path) -> None:
     result, _ = probe_logits(tmp_path, "patched", qwen3_tiny, "none", "--cache", "25%")
     assert "has 4 slots but layer" in result["error"] and "raise --expert-cache" in result["error"]

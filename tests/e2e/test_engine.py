@@ -62,13 +62,19 @@ for s in ("bevy", "bevy-ctx", "prefetch", "blocking"):
                                 flash_attn="off", n_parallel=2)) as engine:
         r = engine.make_runner()
         out[s] = [type(r).__name__, r.n_threads, getattr(r, "wait_timeout_s", None), r.flash_attn_type,
-                  engine.cache.native is not None]
+                  engine.cache.native is not None, r.two_pass]
+    for two_pass in ("on", "off"):
+        with LLMEngine(EngineConfig(model={str(runahead_model)!r}, scheduler=s, two_pass=two_pass)) as engine:
+            out[s].append(engine.make_runner().two_pass)
 print(json.dumps(out))
 """
     got = in_process(code)
-    assert got["bevy"] == ["SelfBalancingRunner", 3, 7.5, 0, True]
+    assert got["bevy"] == ["SelfBalancingRunner", 3, 7.5, 0, True, True, True, False]
     assert got["bevy-ctx"][:2] == ["ContextRunner", 3] and got["bevy-ctx"][3] == 0
     assert got["blocking"][:2] == ["BatchedRunner", 3] and got["prefetch"][0] == "BatchedRunner"
+    # two passes by default where runahead is ours; blocking and prefetch stall as llama.cpp does
+    assert [got[s][-3:] for s in ("bevy-ctx", "prefetch", "blocking")] == [[True, True, False], [False, True, False],
+                                                                           [False, True, False]]
 
 
 def test_llama_makes_contexts_only_to_decode(qwen3_tiny: Path) -> None:

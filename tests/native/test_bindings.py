@@ -52,14 +52,16 @@ def cache4(qwen3_tiny: Path) -> ExpertCache:
         yield cache
 
 
-def call_hook(hook: object, il: int, ids: list[list[int]], route_only: bool, n_out_max: int = 4) -> tuple[int, list]:
-    """Call the hook body as the patched graph does: rows of k selected ids at layer il."""
+def call_hook(hook: object, il: int, ids: list[list[int]], route_only: bool, n_out_max: int = 4,
+              pass_: int = 0) -> tuple[int, list]:
+    """Call the hook body as the patched graph does: rows of k selected ids at layer il (pass_:
+    0 one pass, 1 and 2 the two passes of patch 0004)."""
     k = len(ids[0])
     flat = (ctypes.c_int32 * (len(ids) * k))(*(e for row in ids for e in row))
     out = (ctypes.c_int32 * (len(ids) * k))()
     call = native.BevyMoeCall(il=il, n_expert=8, n_expert_used=k, n_tokens=len(ids), ids=flat, ids_stride=k,
                               out=out, n_out_max=n_out_max, router_in=None, router_in_stride=0, n_embd=0,
-                              route_only=int(route_only))
+                              route_only=int(route_only), **{"pass": pass_})
     rc = native.bevy_hook_fn(hook.user_data, ctypes.byref(call))
     return rc, list(out)
 
@@ -120,6 +122,31 @@ def test_a_decode_reports_the_experts_it_pinned_and_how_long_it_waited(cache4: E
     assert experts == 4 and waited > 0  # it waited for the loads
     hook.begin(1)
     assert hook.end() == (0, 0.0)  # counted from begin
+
+
+def test_two_passes_compute_the_loaded_experts_first_and_the_others_after_their_loads(qwen3_tiny: Path) -> None:
+    info = inspect_model(qwen3_tiny)
+    slot = CacheLayout.of(info).slot_bytes
+    link = LinkSpec.parse(f"throttle:{slot * 20 / 1e6:.3f}MB/s:ram")  # 50 ms per expert
+    with ExpertCache(info, 4 * slot, link, n_workers=1) as cache:
+        hook = cache.native.new_hook()
+        hook.begin(0)
+        assert call_hook(hook, 0, [[1, 2]], route_only=False)[0] == 0  # one pass: 1 and 2 loaded
+        call_hook(hook, -1, [[0, 0]], route_only=False)
+        rc, first = call_hook(hook, 0, [[1, 3], [2, 1]], route_only=False, pass_=1)
+        assert rc == 0
+        assert first[1] == -1 and first[0] >= 0 and first[2] >= 0 and first[3] == first[0]  # 3 is loading
+        rc, second = call_hook(hook, 0, [[1, 3], [2, 1]], route_only=False, pass_=2)  # waits for 3
+        assert rc == 0 and second[0] == second[2] == second[3] == -1 and 0 <= second[1] < 4
+        assert len({first[0], first[2], second[1]}) == 3
+        assert cache.counters()["loads"] == 3 and cache.counters()["stall_ns"] > 0
+        rc, again = call_hook(hook, 0, [[1, 3]], route_only=False, pass_=1)  # everything is in: pass 2 is empty
+        assert rc == 0 and -1 not in again
+        assert call_hook(hook, 0, [[1, 3]], route_only=False, pass_=2) == (0, [-1, -1])
+        assert call_hook(hook, 1, [[1, 3]], route_only=False, pass_=2)[0] != 0  # not the layer of pass 1
+        assert "second pass of layer 1" in hook.last_error()
+        call_hook(hook, -1, [[0, 0]], route_only=False)
+        hook.end()
 
 
 def test_a_pass_says_when_each_admitted_flights_loads_land(qwen3_tiny: Path) -> None:

@@ -51,6 +51,7 @@ def main() -> int:
     ap.add_argument("--hook-after-first", action="store_true")
     ap.add_argument("--cache", help="serve experts from an expert cache of this size (e.g. 50%%)")
     ap.add_argument("--eviction", default="next-use")
+    ap.add_argument("--two-pass", action="store_true", help="MoE layers in two passes (patch 0004)")
     args = ap.parse_args()
 
     llama_cpp = use_libllama(args.lib)
@@ -76,7 +77,7 @@ def main() -> int:
                 nonlocal trace
                 from bevy_gguf._native import llama_ext
                 if cache is not None:
-                    cache.attach(ctx)
+                    cache.attach(ctx, two_pass=args.two_pass)
                 elif args.hook == "trace":
                     from bevy_gguf.analysis.routing import RouterTrace
                     trace = RouterTrace(model.n_layer, inspect_model(args.model).n_expert_used)

@@ -39,8 +39,9 @@ class BatchedRunner:
 
     def __init__(self, model: Model, n_parallel: int, n_threads: int, flash_attn_type: int = -1,
                  cache: ExpertCache | None = None, prefetch: bool = False,
-                 on_context: Callable[[Context], None] | None = None) -> None:
+                 on_context: Callable[[Context], None] | None = None, two_pass: bool = False) -> None:
         self.model = model
+        self.two_pass = two_pass  # MoE layers compute their loaded experts while the others load
         self.n_parallel = n_parallel
         self.n_threads = n_threads
         self.flash_attn_type = flash_attn_type
@@ -79,7 +80,7 @@ class BatchedRunner:
         stats = RunStats()
         with Context(self.model, params) as ctx:
             if self.cache is not None:
-                self.cache.attach(ctx, prefetch=self.prefetch)
+                self.cache.attach(ctx, prefetch=self.prefetch, two_pass=self.two_pass)
             if self.on_context:
                 self.on_context(ctx)
             self._loop(ctx, source, stats)

@@ -26,8 +26,9 @@ class ContextRunner:
     """Decodes each request on a context of its own, n_parallel contexts at a time."""
 
     def __init__(self, model: Model, cache: ExpertCache, n_parallel: int, n_threads: int = 2,
-                 threads_per_context: int = 1, flash_attn_type: int = -1) -> None:
+                 threads_per_context: int = 1, flash_attn_type: int = -1, two_pass: bool = False) -> None:
         self.model = model
+        self.two_pass = two_pass  # MoE layers compute their loaded experts while the others load
         self.cache = cache
         self.n_parallel = n_parallel
         self.n_threads = n_threads
@@ -66,7 +67,7 @@ class ContextRunner:
             for _ in range(n_ctx):
                 ctx = Context(self.model, params)
                 contexts.append(ctx)
-                self.cache.attach(ctx)
+                self.cache.attach(ctx, two_pass=self.two_pass)
             self._run_threads(contexts, source, stats, barrier)
         finally:
             for ctx in contexts:

@@ -55,8 +55,9 @@ class SelfBalancingRunner:
                  flash_attn_type: int = -1, wait_timeout_s: float = 300.0,
                  on_step: Callable[[int, list[Flight]], None] | None = None, load_window: int | None = None,
                  merge_misses: float | None = None, lanes: int = 1, split_factor: float = 1.0,
-                 lane_memo: dict[tuple[int, int], int] | None = None) -> None:
+                 lane_memo: dict[tuple[int, int], int] | None = None, two_pass: bool = True) -> None:
         self.model = model
+        self.two_pass = two_pass  # MoE layers compute their loaded experts while the others load
         self.cache = cache
         self.n_parallel = n_parallel
         self.n_threads = n_threads
@@ -233,7 +234,7 @@ class _Lane:
 
     def serve(self, source: RequestSource) -> None:
         with Context(self.model, self.params) as ctx:
-            self.cache.attach(ctx)
+            self.cache.attach(ctx, two_pass=self.runner.two_pass)
             try:
                 self._loop(ctx, source, self.params.n_seq_max, self.stats)
             finally:
