@@ -25,7 +25,12 @@ Policy (parameters in PolicyParams):
   batched runner;
 - with `hold_decode`, no flight decodes a generated token while another still prefills (so
   the phases separate, as in the batched runner);
-- nothing ready: wait for a load (Plan.group is None).
+- nothing ready: wait for a load (Plan.group is None);
+- with two passes per MoE layer (`two_pass`, patch 0004) a flight whose loads are under way can
+  run (its call computes the experts that are in while the rest land, then waits in the hook for
+  those): the flight a one-pass plan would wait for joins the group (beside it) or goes first
+  (behind it), and with nothing ready the most lagging flight whose loads are under way runs;
+  the lane waits only when no load is under way.
 """
 
 from __future__ import annotations
@@ -100,6 +105,8 @@ class PolicyParams:
                               # (the runner's default: n_layer + 1, one token)
     split_factor: float = 1.0  # wait for a flight whose loads land within this many times the
                                # group's predicted compute (0: never wait, run what is ready)
+    two_pass: bool = False     # MoE layers compute their loaded experts while the others load (patch
+                               # 0004): a flight whose loads are under way may run; its call waits for them
 
 
 Cost = Callable[[list[Flight]], float | None]  # predicted compute seconds of a group of flights (None: unknown)
@@ -108,25 +115,17 @@ Cost = Callable[[list[Flight]], float | None]  # predicted compute seconds of a 
 def plan(flights: list[Flight], params: PolicyParams, cost: Cost | None = None) -> Plan:
     """The next group to run (lagging first), or a wait: because nothing is ready, or because
     (with a cost model) the group would leave behind a flight whose loads land sooner than the
-    group computes."""
+    group computes. With two passes a wait becomes a call: see _plan_two_pass."""
     holding = params.hold_decode and any(f.prefill for f in flights)
     eligible = [i for i, f in enumerate(flights) if f.ready and not (holding and not f.prefill)]
     waiting = tuple(i for i, f in enumerate(flights) if not f.ready)
+    if params.two_pass:
+        return _plan_two_pass(flights, params, cost, holding, eligible, waiting)
     if not eligible:
         return Plan(None, waiting)
     lead = min(eligible, key=lambda i: flights[i].lag)
     layer = flights[lead].layer
-    members: list[int] = []
-    tokens = 0
-    experts: set[int] = set()
-    for i in sorted((i for i in eligible if flights[i].layer == layer), key=lambda i: flights[i].lag):
-        f = flights[i]
-        union = experts | set(f.experts)
-        if members and (tokens + len(f.tokens) > params.max_tokens or len(union) > params.max_experts):
-            continue
-        members.append(i)
-        tokens += len(f.tokens)
-        experts = union
+    members = _members(flights, eligible, layer, params)
     group = Group(tuple(members), layer)
     predicted = cost([flights[i] for i in members]) if cost is not None and params.split_factor > 0 else None
     if predicted is not None:
@@ -135,6 +134,53 @@ def plan(flights: list[Flight], params: PolicyParams, cost: Cost | None = None) 
         if soon:
             return Plan(None, waiting, wait_for=soon, wait_s=max(flights[i].eta for i in soon))
     return Plan(group, waiting)
+
+
+def _plan_two_pass(flights: list[Flight], params: PolicyParams, cost: Cost | None, holding: bool,
+                   eligible: list[int], waiting: tuple[int, ...]) -> Plan:
+    """With two passes a flight whose loads are under way can run: its call computes the experts
+    that are in while the others land, and waits in the hook only for what is left. So where the
+    one-pass plan would wait (for a flight whose loads land sooner than the group computes, or
+    because nothing is ready), this one runs that flight: beside the group it joins it, behind it
+    its own layer goes first (lagging first), and with nothing ready the most lagging flight whose
+    loads are under way runs. Only with no loads under way at all does the lane wait."""
+    loading = [i for i in waiting if flights[i].eta is not None and flights[i].layer != FIRST
+               and not (holding and not flights[i].prefill)]
+    if not eligible:
+        if not loading:
+            return Plan(None, waiting)
+        lead = min(loading, key=lambda i: flights[i].lag)
+        return Plan(Group(tuple(_members(flights, loading, flights[lead].layer, params)), flights[lead].layer), waiting)
+    lead = min(eligible, key=lambda i: flights[i].lag)
+    layer = flights[lead].layer
+    candidates = eligible
+    predicted = cost([flights[i] for i in _members(flights, eligible, layer, params)]) \
+        if cost is not None and params.split_factor > 0 else None
+    if predicted is not None:
+        soon = [i for i in loading if flights[i].eta <= params.split_factor * predicted
+                and (flights[i].layer == layer or flights[i].lag < flights[lead].lag)]
+        if soon:
+            candidates = eligible + soon
+            lead = min(candidates, key=lambda i: flights[i].lag)
+            layer = flights[lead].layer
+    return Plan(Group(tuple(_members(flights, candidates, layer, params)), layer), waiting)
+
+
+def _members(flights: list[Flight], candidates: list[int], layer: int, params: PolicyParams) -> list[int]:
+    """The candidates at `layer`, lagging first, while their tokens fit one call and their
+    experts the cache."""
+    members: list[int] = []
+    tokens = 0
+    experts: set[int] = set()
+    for i in sorted((i for i in candidates if flights[i].layer == layer), key=lambda i: flights[i].lag):
+        f = flights[i]
+        union = experts | set(f.experts)
+        if members and (tokens + len(f.tokens) > params.max_tokens or len(union) > params.max_experts):
+            continue
+        members.append(i)
+        tokens += len(f.tokens)
+        experts = union
+    return members
 
 
 def _worth_waiting(f: Flight, lead: Flight, layer: int, holding: bool) -> bool:

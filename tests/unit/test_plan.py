@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bevy_gguf.engine.plan import FIRST, Flight, Group, PolicyParams, admit_loads, plan
+from bevy_gguf.engine.plan import FIRST, Flight, Group, Plan, PolicyParams, admit_loads, plan
 
 P = PolicyParams(n_layer=4, max_tokens=64, max_experts=16, hold_decode=False, load_window=0)
 
@@ -163,3 +163,32 @@ def test_a_call_goes_on_only_for_the_whole_lane_and_only_if_any_layer_fits_the_c
     params = PolicyParams(n_layer=8, max_tokens=64, max_experts=16, hold_decode=False)
     assert call_end(Group((0,), 5), 1, 1, params, 2, 16, [0.0] * 8, costs=None) == 6  # nothing measured yet
     assert call_end(Group((0,), 5), 1, 1, params, 2, 16, [0.0] * 8, costs=None, merge_misses=2.0) == 8
+
+
+TWO_PASS = PolicyParams(n_layer=4, max_tokens=64, max_experts=16, hold_decode=False, two_pass=True)
+
+
+def test_with_two_passes_nothing_ready_runs_the_most_lagging_flight_whose_loads_are_under_way() -> None:
+    flights = [waiter(0, 2, eta=0.004), waiter(1, 1, eta=0.008), waiter(2, 1, eta=0.002), waiter(3, 0, eta=None)]
+    p = plan(flights, TWO_PASS, per_flight(0.001))
+    assert p.group == Group((1, 2), 1)  # its call computes what is in and waits in the hook for the rest
+    unadmitted = [waiter(0, 2, eta=None), waiter(1, 1, eta=None)]
+    assert plan(unadmitted, TWO_PASS, per_flight(0.001)).group is None  # no load under way: wait
+
+
+def test_with_two_passes_a_flight_that_would_be_waited_for_joins_or_goes_first() -> None:
+    beside = [flight(0, 2, experts=(1,)), flight(1, 2, experts=(2,)), waiter(2, 2, eta=0.001)]
+    assert plan(beside, TWO_PASS, per_flight(0.002)) == Plan(Group((0, 1, 2), 2), waiting=(2,))
+    behind = [flight(0, 3, experts=(1,)), waiter(1, 1, eta=0.001)]
+    assert plan(behind, TWO_PASS, per_flight(0.01)).group == Group((1,), 1)  # lagging first
+    late = [flight(0, 2, experts=(1,)), waiter(1, 2, eta=0.05)]  # lands long after the group computes
+    assert plan(late, TWO_PASS, per_flight(0.002)).group == Group((0,), 2)
+    ahead = [flight(0, 1, experts=(1,)), waiter(1, 3, eta=0.0001)]
+    assert plan(ahead, TWO_PASS, per_flight(0.01)).group == Group((0,), 1)
+
+
+def test_with_two_passes_decode_still_waits_for_prefill() -> None:
+    params = PolicyParams(n_layer=4, max_tokens=64, max_experts=16, hold_decode=True, two_pass=True)
+    flights = [waiter(0, 2, eta=0.001), flight(1, 2, progress=0, tokens=5, prefill=True, ready=False)]
+    flights[1].eta = 0.002
+    assert plan(flights, params, per_flight(0.001)).group == Group((1,), 2)  # the prefill, not the decode

@@ -216,7 +216,7 @@ class _Lane:
         max_tokens = self.chunk if self.keep_reservations else self.params.n_batch
         self.policy = PolicyParams(n_layer=self.model.n_layer, max_tokens=max_tokens, max_experts=share,
                                    hold_decode=hold_decode, load_window=runner.load_window,
-                                   split_factor=runner.split_factor)
+                                   split_factor=runner.split_factor, two_pass=runner.two_pass)
         self.cost_model = CallCostModel()  # this lane's calls on this machine (a lane: one thread count)
         self.stats = RunStats()
         self.prefill_done = False
