@@ -29,8 +29,8 @@ Policy (parameters in PolicyParams):
 - with two passes per MoE layer (`two_pass`, patch 0004) a flight whose loads are under way can
   run (its call computes the experts that are in while the rest land, then waits in the hook for
   those): the flight a one-pass plan would wait for joins the group (beside it) or goes first
-  (behind it), and with nothing ready the most lagging flight whose loads are under way runs;
-  the lane waits only when no load is under way.
+  (behind it), and with nothing ready the most lagging flight runs if its loads land within
+  what its group computes meanwhile (else the lane waits for a load, as without two passes).
 """
 
 from __future__ import annotations
@@ -142,15 +142,27 @@ def _plan_two_pass(flights: list[Flight], params: PolicyParams, cost: Cost | Non
     that are in while the others land, and waits in the hook only for what is left. So where the
     one-pass plan would wait (for a flight whose loads land sooner than the group computes, or
     because nothing is ready), this one runs that flight: beside the group it joins it, behind it
-    its own layer goes first (lagging first), and with nothing ready the most lagging flight whose
-    loads are under way runs. Only with no loads under way at all does the lane wait."""
+    its own layer goes first (lagging first), and with nothing ready the most lagging flight runs
+    with the flights at its layer whose loads land within what they compute meanwhile. Otherwise
+    the lane waits for a load (a call waiting long in the hook would hold back a flight that
+    becomes ready sooner, and the next experts it would reveal to the link)."""
     loading = [i for i in waiting if flights[i].eta is not None and flights[i].layer != FIRST
                and not (holding and not flights[i].prefill)]
     if not eligible:
-        if not loading:
+        # nothing ready: the most lagging flight runs if its loads land within what its group
+        # computes meanwhile (a call waiting longer in the hook would keep the lane from running
+        # whichever flight is ready first, and from revealing its next experts to the link)
+        if not loading or cost is None or params.split_factor <= 0:
             return Plan(None, waiting)
         lead = min(loading, key=lambda i: flights[i].lag)
-        return Plan(Group(tuple(_members(flights, loading, flights[lead].layer, params)), flights[lead].layer), waiting)
+        layer = flights[lead].layer
+        predicted = cost([flights[i] for i in _members(flights, loading, layer, params)])
+        if predicted is None:
+            return Plan(None, waiting)
+        soon = [i for i in loading if flights[i].eta <= params.split_factor * predicted]
+        if lead not in soon:
+            return Plan(None, waiting)
+        return Plan(Group(tuple(_members(flights, soon, layer, params)), layer), waiting)
     lead = min(eligible, key=lambda i: flights[i].lag)
     layer = flights[lead].layer
     candidates = eligible

@@ -168,12 +168,16 @@ def test_a_call_goes_on_only_for_the_whole_lane_and_only_if_any_layer_fits_the_c
 TWO_PASS = PolicyParams(n_layer=4, max_tokens=64, max_experts=16, hold_decode=False, two_pass=True)
 
 
-def test_with_two_passes_nothing_ready_runs_the_most_lagging_flight_whose_loads_are_under_way() -> None:
-    flights = [waiter(0, 2, eta=0.004), waiter(1, 1, eta=0.008), waiter(2, 1, eta=0.002), waiter(3, 0, eta=None)]
-    p = plan(flights, TWO_PASS, per_flight(0.001))
+def test_with_two_passes_nothing_ready_runs_the_laggard_whose_loads_land_while_it_computes() -> None:
+    flights = [waiter(0, 2, eta=0.004), waiter(1, 1, eta=0.003), waiter(2, 1, eta=0.002), waiter(3, 0, eta=None),
+               waiter(4, 1, eta=0.009)]
+    p = plan(flights, TWO_PASS, per_flight(0.001))  # the three at layer 1 compute 3 ms
     assert p.group == Group((1, 2), 1)  # its call computes what is in and waits in the hook for the rest
+    late = [waiter(0, 1, eta=0.02), waiter(1, 2, eta=0.0001)]  # the laggard's loads land long after
+    assert plan(late, TWO_PASS, per_flight(0.001)).group is None  # wait for whichever is ready first
     unadmitted = [waiter(0, 2, eta=None), waiter(1, 1, eta=None)]
     assert plan(unadmitted, TWO_PASS, per_flight(0.001)).group is None  # no load under way: wait
+    assert plan(flights, TWO_PASS).group is None  # no cost model yet: wait
 
 
 def test_with_two_passes_a_flight_that_would_be_waited_for_joins_or_goes_first() -> None:
@@ -189,6 +193,6 @@ def test_with_two_passes_a_flight_that_would_be_waited_for_joins_or_goes_first()
 
 def test_with_two_passes_decode_still_waits_for_prefill() -> None:
     params = PolicyParams(n_layer=4, max_tokens=64, max_experts=16, hold_decode=True, two_pass=True)
-    flights = [waiter(0, 2, eta=0.001), flight(1, 2, progress=0, tokens=5, prefill=True, ready=False)]
-    flights[1].eta = 0.002
+    flights = [waiter(0, 2, eta=0.0001), flight(1, 2, progress=0, tokens=5, prefill=True, ready=False)]
+    flights[1].eta = 0.0005
     assert plan(flights, params, per_flight(0.001)).group == Group((1,), 2)  # the prefill, not the decode
