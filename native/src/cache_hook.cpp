@@ -29,6 +29,23 @@ void CacheHook::end_compute(int64_t now) {
     }
 }
 
+int32_t CacheHook::start_compute(int32_t il, int64_t t_enter, int32_t rc) {
+    // after a hook call at layer il (rc: its result): the gate lets this context compute, and the
+    // time since t_enter was a wait
+    if (rc == 0 && gate_) {
+        gate_->enter(gate_key(token_, il, id_));
+        holding_ = true;
+    }
+    const int64_t t_start = now_ns();
+    cache_->events().add({kEventWait, id_, il, -1, t_enter, t_start});
+    usage_.wait_ns += t_start - t_enter;
+    if (rc == 0) {
+        computing_       = il;
+        computing_since_ = t_start;
+    }
+    return rc;
+}
+
 void CacheHook::set_gated(bool gated) {
     leave_gate();
     gate_ = gated ? &cache_->gate() : nullptr;
@@ -177,19 +194,10 @@ int32_t CacheHook::call(const bevy_moe_call * call) {
     for (int32_t e : distinct_) {
         slot_of_[e] = -1;
     }
-    if (rc == 0 && gate_) {
-        gate_->enter(gate_key(token_, call->il, id_));
-        holding_ = true;
-    }
-    const int64_t t_start = now_ns();
-    cache_->events().add({kEventWait, id_, call->il, -1, t_enter, t_start});
-    usage_.wait_ns += t_start - t_enter;
     if (rc == 0) {
-        computing_       = call->il;
-        computing_since_ = t_start;
         usage_.experts += (int64_t) distinct_.size();
     }
-    return rc;
+    return start_compute(call->il, t_enter, rc);
 }
 
 int32_t CacheHook::second_pass(const bevy_moe_call * call, int64_t t_enter) {
@@ -222,18 +230,7 @@ int32_t CacheHook::second_pass(const bevy_moe_call * call, int64_t t_enter) {
     for (int32_t e : rest_experts_) {
         slot_of_[e] = -1;
     }
-    if (rc == 0 && gate_) {
-        gate_->enter(gate_key(token_, call->il, id_));
-        holding_ = true;
-    }
-    const int64_t t_start = now_ns();
-    cache_->events().add({kEventWait, id_, call->il, -1, t_enter, t_start});
-    usage_.wait_ns += t_start - t_enter;
-    if (rc == 0) {
-        computing_       = call->il;
-        computing_since_ = t_start;
-    }
-    return rc;
+    return start_compute(call->il, t_enter, rc);
 }
 
 } // namespace bevy

@@ -48,6 +48,7 @@ private:
     void end_compute(int64_t now);  // the layer computed since the last hook is done
     int32_t record_route(const bevy_moe_call * call);
     int32_t second_pass(const bevy_moe_call * call, int64_t t_enter);
+    int32_t start_compute(int32_t il, int64_t t_enter, int32_t rc);
 
     ExpertCache *        cache_;
     int32_t              id_;               // registration in the cache (its position steers eviction)

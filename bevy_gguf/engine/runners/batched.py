@@ -41,13 +41,13 @@ class BatchedRunner:
                  cache: ExpertCache | None = None, prefetch: bool = False,
                  on_context: Callable[[Context], None] | None = None, two_pass: bool = False) -> None:
         self.model = model
-        self.two_pass = two_pass  # MoE layers compute their loaded experts while the others load
         self.n_parallel = n_parallel
         self.n_threads = n_threads
         self.flash_attn_type = flash_attn_type
         self.cache = cache
         self.prefetch = prefetch
         self.on_context = on_context  # e.g. installs a router trace on the new context
+        self.two_pass = two_pass  # see ExpertCache.attach
         self.micro_batch: int | None = None  # tokens per graph (an expert cache bounds it), once known
         if cache is not None:
             if prefetch:

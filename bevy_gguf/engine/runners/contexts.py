@@ -28,7 +28,6 @@ class ContextRunner:
     def __init__(self, model: Model, cache: ExpertCache, n_parallel: int, n_threads: int = 2,
                  threads_per_context: int = 1, flash_attn_type: int = -1, two_pass: bool = False) -> None:
         self.model = model
-        self.two_pass = two_pass  # MoE layers compute their loaded experts while the others load
         self.cache = cache
         self.n_parallel = n_parallel
         self.n_threads = n_threads
@@ -36,6 +35,7 @@ class ContextRunner:
         self.concurrency = max(1, n_threads // threads_per_context)  # contexts computing at once
         self.flash_attn_type = flash_attn_type
         self.micro_batch: int | None = None  # tokens per graph, once known
+        self.two_pass = two_pass  # see ExpertCache.attach
 
     def run(self, requests: list[Request]) -> RunStats:
         """Decode a fixed list of requests."""

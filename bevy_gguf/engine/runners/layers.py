@@ -57,7 +57,6 @@ class SelfBalancingRunner:
                  merge_misses: float | None = None, lanes: int = 1, split_factor: float = 1.0,
                  lane_memo: dict[tuple[int, int], int] | None = None, two_pass: bool = True) -> None:
         self.model = model
-        self.two_pass = two_pass  # MoE layers compute their loaded experts while the others load
         self.cache = cache
         self.n_parallel = n_parallel
         self.n_threads = n_threads
@@ -77,6 +76,7 @@ class SelfBalancingRunner:
         self.micro_batch: int | None = None  # tokens per call, once the lanes are made
         self.split_factor = split_factor  # see plan.PolicyParams (0: run whatever is ready)
         self.cost_models: list[CallCostModel] = []  # one per lane, as the last serve made them
+        self.two_pass = two_pass  # see ExpertCache.attach (and plan.PolicyParams.two_pass)
 
     def lanes_for(self, n_seq: int, asked: int | None = None) -> int:
         """How many lanes: as asked, but at most one per thread and per sequence, while the
