@@ -165,17 +165,16 @@ def _plan_two_pass(flights: list[Flight], params: PolicyParams, cost: Cost | Non
         return Plan(Group(tuple(_members(flights, soon, layer, params)), layer), waiting)
     lead = min(eligible, key=lambda i: flights[i].lag)
     layer = flights[lead].layer
-    candidates = eligible
-    predicted = cost([flights[i] for i in _members(flights, eligible, layer, params)]) \
-        if cost is not None and params.split_factor > 0 else None
+    members = _members(flights, eligible, layer, params)
+    predicted = cost([flights[i] for i in members]) if cost is not None and params.split_factor > 0 else None
     if predicted is not None:
-        soon = [i for i in loading if flights[i].eta <= params.split_factor * predicted
-                and (flights[i].layer == layer or flights[i].lag < flights[lead].lag)]
-        if soon:
+        soon = [i for i in waiting if _worth_waiting(flights[i], flights[lead], layer, holding)
+                and flights[i].eta <= params.split_factor * predicted]
+        if soon:  # the flights a one-pass plan would wait for run now: beside the group, or first
             candidates = eligible + soon
-            lead = min(candidates, key=lambda i: flights[i].lag)
-            layer = flights[lead].layer
-    return Plan(Group(tuple(_members(flights, candidates, layer, params)), layer), waiting)
+            layer = flights[min(candidates, key=lambda i: flights[i].lag)].layer
+            members = _members(flights, candidates, layer, params)
+    return Plan(Group(tuple(members), layer), waiting)
 
 
 def _members(flights: list[Flight], candidates: list[int], layer: int, params: PolicyParams) -> list[int]:
