@@ -115,7 +115,6 @@ void ExpertCache::score_prediction(int32_t il, uint64_t hits, uint64_t wasted, u
 
 int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::vector<int64_t> & pins,
                              std::string & err) {
-    using clock = std::chrono::steady_clock;
     const int32_t il = req.il;
     const int32_t * experts = req.experts;
     const int32_t n = req.n;
@@ -123,8 +122,7 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
         err = "layer " + std::to_string(il) + " is outside the cache's " + std::to_string(cfg_.n_layer) + " layers";
         return -1;
     }
-    const auto deadline = cfg_.wait_timeout_ms > 0 ? clock::now() + std::chrono::milliseconds(cfg_.wait_timeout_ms)
-                                                   : clock::time_point::max();
+    const auto deadline = wait_deadline();
     auto timed_out = [&](const char * what) {
         err = "timed out after " + std::to_string(cfg_.wait_timeout_ms) + " ms waiting for " + what +
               " at layer " + std::to_string(il);
@@ -216,6 +214,12 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
     return wait_loaded_locked(lock, il, slots, n, deadline, err);
 }
 
+std::chrono::steady_clock::time_point ExpertCache::wait_deadline() const {
+    using clock = std::chrono::steady_clock;
+    return cfg_.wait_timeout_ms > 0 ? clock::now() + std::chrono::milliseconds(cfg_.wait_timeout_ms)
+                                    : clock::time_point::max();
+}
+
 void ExpertCache::count_second_pass(int32_t il, int64_t n) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (il >= 0 && il < cfg_.n_layer) {
@@ -224,13 +228,11 @@ void ExpertCache::count_second_pass(int32_t il, int64_t n) {
 }
 
 int32_t ExpertCache::wait_loaded(int32_t il, const int64_t * slots, int32_t n, std::string & err) {
-    using clock = std::chrono::steady_clock;
     if (il < 0 || il >= cfg_.n_layer) {
         err = "layer " + std::to_string(il) + " is outside the cache's " + std::to_string(cfg_.n_layer) + " layers";
         return -1;
     }
-    const auto deadline = cfg_.wait_timeout_ms > 0 ? clock::now() + std::chrono::milliseconds(cfg_.wait_timeout_ms)
-                                                   : clock::time_point::max();
+    const auto deadline = wait_deadline();
     std::unique_lock<std::mutex> lock(mutex_);
     return wait_loaded_locked(lock, il, slots, n, deadline, err);
 }

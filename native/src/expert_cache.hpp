@@ -117,6 +117,7 @@ public:
     int64_t  load_ns() const { return queue_->job_ns(); }
 
 private:
+    std::chrono::steady_clock::time_point wait_deadline() const; // now + the wait timeout (or never)
     int32_t wait_loaded_locked(std::unique_lock<std::mutex> & lock, int32_t il, const int64_t * slots, int32_t n,
                                std::chrono::steady_clock::time_point deadline, std::string & err);
     bool load(const LoadJob & job, int32_t worker); // false: nothing to load after all
