@@ -69,6 +69,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "micro_batch": result.cache["micro_batch"], "events": result.cache["events"],
                 "load_s": result.cache["load_s"], "cost_model": result.cache["cost_model"],
                 "lanes": result.cache["lanes"], "lane_seconds": result.cache["lane_seconds"],
+                "two_pass_overhead_s": result.cache["two_pass_overhead_s"],
+                "two_pass_calls": result.cache["two_pass_calls"], "layer_calls": result.cache["layer_calls"],
                 "compute_busy_s": d.get("compute_busy_ns", 0) / 1e9, "link_busy_s": d.get("link_busy_ns", 0) / 1e9}
     else:
         out |= {"compute_busy_s": s.decode_s, "link_busy_s": 0.0}

@@ -1,4 +1,5 @@
-"""How many lanes `bevy` runs, measured on this machine before it decodes.
+"""How many lanes `bevy` runs, and what a second pass per MoE layer costs, measured on this
+machine before it decodes.
 
 One context on every thread reads each expert once per batch; k lanes (k contexts of n_seq / k
 sequences, n_threads / k threads each, side by side) read the union of each lane's tokens'
@@ -9,6 +10,12 @@ the same batch of tokens through a whole step (every layer in one call; one laye
 cache cannot hold a step's experts), as one context of every thread and as k lanes
 computing at once, each a few times after a warm-up that loads the experts it reads, and takes
 the fastest (fewer lanes unless more are faster by a margin: they read more bytes).
+
+Two passes per MoE layer (patch 0004) add graph nodes to every MoE layer, which cost time even
+where nothing misses (measured on the default model: bevy at a 90% cache 0.91-0.98x blocking
+with two passes, 1.03x without); time_two_pass measures that cost per layer, so the runner
+turns the second pass on only for calls whose expected stall it would hide pays for it
+(plan.two_pass_pays).
 """
 
 from __future__ import annotations
@@ -47,8 +54,9 @@ def _layers(ctx: Context, tokens: list[int], n_layers: int) -> None:
 
 
 def time_lanes(model: Model, cache: ExpertCache, params: ContextParams, lanes: int, n_seq: int,
-               n_layers: int = 1) -> float:
-    """Median seconds of n_seq tokens through the first n_layers layers on `lanes` contexts at once."""
+               n_layers: int = 1, two_pass: bool = False) -> float:
+    """Median seconds of n_seq tokens through the first n_layers layers on `lanes` contexts at once
+    (their MoE layers in two passes if two_pass)."""
     tokens = _tokens(model, n_seq)
     shares = [tokens[i::lanes] for i in range(lanes)]
     contexts = []
@@ -59,7 +67,7 @@ def time_lanes(model: Model, cache: ExpertCache, params: ContextParams, lanes: i
                                      n_ubatch=max(len(share), 1), n_seq_max=len(share), n_threads=threads)
             ctx = Context(model, cp)
             contexts.append(ctx)
-            cache.attach(ctx)
+            cache.attach(ctx, two_pass=two_pass)
         cache.set_concurrency(lanes)
         # each lane on one thread for every repeat, as in a run (a new thread would start a new
         # OpenMP team: its start-up would be timed); repeats begin together at a barrier
@@ -117,3 +125,16 @@ def choose_lanes(model: Model, cache: ExpertCache, params: ContextParams, candid
         if seconds[k] <= MARGIN * seconds[best]:
             best = k
     return best, seconds
+
+
+def time_two_pass(model: Model, cache: ExpertCache, params: ContextParams) -> float | None:
+    """Seconds per layer that computing each MoE layer in two passes adds where every expert is
+    in (the second pass's graph nodes, which then compute nothing), measured as one context of
+    params.n_seq_max tokens with and without; None when the cache cannot hold what it reads."""
+    n_seq = params.n_seq_max
+    layers = calibration_layers(cache, n_seq)
+    if not layers:
+        return None
+    one = time_lanes(model, cache, params, 1, n_seq, layers, two_pass=False)
+    two = time_lanes(model, cache, params, 1, n_seq, layers, two_pass=True)
+    return max(0.0, (two - one) / layers)

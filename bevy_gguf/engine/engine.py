@@ -63,6 +63,7 @@ class LLMEngine:
             raise
         self.runner: Runner | None = None  # the last one made
         self._lane_memo: dict[tuple[int, int], int] = {}  # bevy's lane counts measured on this machine
+        self._pass_memo: dict[tuple[int, int], float | None] = {}  # and what its second passes cost
         self._queue: LiveQueue | None = None
         self._thread: threading.Thread | None = None
         self.serve_stats: RunStats | None = None
@@ -81,7 +82,7 @@ class LLMEngine:
             runner = SelfBalancingRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash,
                                          wait_timeout_s=cfg.wait_timeout_s, lanes=cfg.lanes,
                                          split_factor=cfg.split_factor, lane_memo=self._lane_memo,
-                                         two_pass=two_pass)
+                                         two_pass=two_pass, pass_memo=self._pass_memo)
         elif self.scheduler.runner == "contexts":
             runner = ContextRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash, two_pass=two_pass)
         else:
@@ -159,7 +160,10 @@ class LLMEngine:
                 "total": c.counters(), "layers": [c.counters(il) for il in range(self.info.n_layer)],
                 "events": c.events() if events else [], "load_s": c.load_s(),
                 "cost_model": [m.as_dict() for m in models], "lanes": getattr(self.runner, "lanes_used", None),
-                "lane_seconds": getattr(self.runner, "lane_seconds", {})}
+                "lane_seconds": getattr(self.runner, "lane_seconds", {}),
+                "two_pass_overhead_s": getattr(self.runner, "pass_overhead_s", None),
+                "two_pass_calls": getattr(self.runner, "two_pass_calls", None),
+                "layer_calls": getattr(self.runner, "calls", None)}
 
     def close(self) -> None:
         """Stop serving, then free the cache (and its hooks) and the model, in that order."""

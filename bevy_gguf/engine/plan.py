@@ -245,10 +245,13 @@ def call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, to
     the others' load, which hides at most the stall, and no more than the group's compute of a
     layer could fill (when the loads land sooner than that, the flights were better kept
     together). So the call goes on while stall < overhead_s + layer_s, the stall being the layer's
-    recent miss rate x the group's distinct experts, `workers` loads at a time, load_s each. Fast
-    loads or rare misses: whole steps in one call (blocking's schedule); slow loads: one layer per
-    call. Nothing measured yet (costs None): one layer. merge_misses (if given) replaces the cost
-    rule by a fixed bound on the expected misses (recent miss rate x tokens x top_k)."""
+    recent miss rate x the group's distinct experts, `workers` loads at a time, load_s each; with
+    two passes per MoE layer (params.two_pass) the layer's first pass computes its resident
+    experts while those load, so the stall is what is left of the loads after that pass (the
+    resident share of layer_s). Fast loads or rare misses: whole steps in one call (blocking's
+    schedule); slow loads: one layer per call. Nothing measured yet (costs None): one layer.
+    merge_misses (if given) replaces the cost rule by a fixed bound on the expected misses
+    (recent miss rate x tokens x top_k)."""
     end = 0 if group.layer == FIRST else group.layer + 1
     if len(group.members) < n_flights or min(n_expert, tokens * top_k) > params.max_experts:
         return end
@@ -259,6 +262,35 @@ def call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, to
     if costs is None:
         return end
     budget = costs.overhead_s + costs.layer_s
-    while end < params.n_layer and math.ceil(miss_rate[end] * costs.distinct / costs.workers) * costs.load_s < budget:
+    while end < params.n_layer and _merged_stall(miss_rate[end], costs, params.two_pass) < budget:
         end += 1
     return end
+
+
+def _merged_stall(miss: float, costs: MergeCosts, two_pass: bool) -> float:
+    """The expected wait of a call that goes on through a layer missing this share of lookups:
+    its loads, `workers` at a time, less (with two passes) the first pass over the resident share."""
+    loads_s = math.ceil(miss * costs.distinct / costs.workers) * costs.load_s
+    return max(0.0, loads_s - (1.0 - miss) * costs.layer_s) if two_pass else loads_s
+
+
+def two_pass_pays(layers: range, miss_rate: list[float], costs: MergeCosts | None, pass_overhead_s: float | None,
+                  loading: bool) -> bool:
+    """Should a call over `layers` compute its MoE layers in two passes? A second pass costs
+    every layer pass_overhead_s (its extra graph nodes, measured with every expert in, see
+    calibrate.time_two_pass), and what it buys is the part of a layer's stall that the first pass
+    over the resident experts covers. So: yes when the call holds a flight whose loads are under
+    way (the plan counted on that overlap), else when the layers' expected hidden stall (the
+    chance that a layer misses at all x the loads its first pass covers) is above what the
+    second passes cost. Nothing measured yet (costs or the overhead None): two passes, which
+    are never wrong, only slower where nothing misses."""
+    if loading or costs is None or pass_overhead_s is None:
+        return True
+    hidden = 0.0
+    for il in layers:
+        misses = miss_rate[il] * costs.distinct
+        if misses <= 0:
+            continue
+        loads_s = math.ceil(misses / costs.workers) * costs.load_s
+        hidden += min(1.0, misses) * min(loads_s, (1.0 - miss_rate[il]) * costs.layer_s)
+    return hidden > pass_overhead_s * len(layers)

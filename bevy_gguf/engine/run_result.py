@@ -43,7 +43,9 @@ class RunResult:
                       "expert_cache_slots": self.cache["slots"], "micro_batch": self.cache["micro_batch"],
                       "total": self.cache["total"], "link_load_s": self.cache["load_s"],
                       "cost_model": self.cache["cost_model"], "lanes": self.cache["lanes"],
-                      "lane_seconds": self.cache["lane_seconds"]}
+                      "lane_seconds": self.cache["lane_seconds"],
+                      "two_pass_overhead_s": self.cache["two_pass_overhead_s"],
+                      "two_pass_calls": self.cache["two_pass_calls"], "layer_calls": self.cache["layer_calls"]}
             if c.get("prefetch_loads"):
                 tp, fp, fn = c["prefetch_hits"], c["prefetch_wasted"], c["prefetch_missed"]
                 stats |= {"prefetch_precision": round(tp / max(tp + fp, 1), 6),

@@ -102,3 +102,14 @@ def test_the_lane_count_is_measured_unless_given(qwen3_tiny: Path) -> None:
     given = run_json("run", qwen3_tiny, "-p", "Hello", "-p", "abc", "-np", "2", "-n", "4", "-t", "2",
                      "--expert-cache", "100%", "--lanes", "2")["stats"]
     assert given["lanes"] == 2 and given["lane_seconds"] == {}
+
+
+def test_second_passes_run_only_where_they_can_hide_a_load(qwen3_tiny: Path) -> None:
+    """A second pass per MoE layer costs graph nodes on every layer (measured at start-up): with
+    every expert in after the first steps, later calls run one pass; with two passes off, none."""
+    args = ("run", qwen3_tiny, "-p", "Hello", "-p", "abc", "-np", "2", "-n", "24", "-t", "2", "--expert-cache", "100%")
+    s = run_json(*args)["stats"]
+    assert s["two_pass_overhead_s"] is not None and s["two_pass_overhead_s"] >= 0
+    assert 0 < s["two_pass_calls"] < s["layer_calls"], s  # the cold start's misses, then one pass
+    off = run_json(*args, "--two-pass", "off")["stats"]
+    assert off["two_pass_calls"] == 0 and off["two_pass_overhead_s"] is None and off["layer_calls"] > 0

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
+import numpy as np
 import pytest
 
-from bevy_gguf.engine.cost_model import MIN_OBSERVATIONS, CallCostModel, CallShape
+from bevy_gguf.engine.cost_model import FEATURES, MIN_OBSERVATIONS, CallCostModel, CallShape, nnls_gram
 
 TRUE = {"fixed": 2e-4, "per_layer": 1e-4, "per_token_layer": 3e-5, "per_expert": 8e-5, "per_context_layer": 1e-8}
 
@@ -54,3 +56,40 @@ def test_before_it_has_seen_enough_it_says_so_or_scales_what_it_saw() -> None:
     model.observe(CallShape(0, 4, 0, 0), 1.0)  # no layer computed (an embedding call): not a sample
     model.observe(CallShape(1, 1, 8, 10), -1.0)
     assert model.n == 1 < MIN_OBSERVATIONS
+
+
+def test_nnls_matches_the_best_non_negative_solution_found_by_brute_force() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.random((60, 4))
+    y = x @ np.array([2.0, -1.0, 0.5, 0.0]) + 0.01 * rng.standard_normal(60)
+    w = nnls_gram(x.T @ x, x.T @ y)
+    assert (w >= 0).all()
+    best = np.inf
+    for mask in itertools.product([False, True], repeat=4):  # every support: the constrained optimum is one of them
+        cols = np.flatnonzero(mask)
+        v = np.zeros(4)
+        if len(cols):
+            v[cols] = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
+        if (v >= 0).all():
+            best = min(best, float(np.sum((x @ v - y) ** 2)))
+    assert float(np.sum((x @ w - y) ** 2)) == pytest.approx(best, rel=1e-6)
+    for start in (w, np.ones(4), np.array([0.0, 1.0, 0.0, 1.0])):  # warm starts, good and bad
+        assert nnls_gram(x.T @ x, x.T @ y, start=start) == pytest.approx(w, abs=1e-9)
+
+
+def test_decode_calls_whose_features_move_together_get_no_negative_cost() -> None:
+    # decode: the distinct experts and the context grow with tokens x layers, so the features are
+    # nearly collinear; an unconstrained fit trades them against each other and goes negative
+    rng = random.Random(0)
+    model = CallCostModel()
+    for _ in range(400):
+        layers, tokens = rng.choice([1, 1, 1, 2, 4]), rng.choice([4, 8])
+        s = CallShape(layers, tokens, experts=round(layers * tokens * 8 * rng.uniform(0.85, 0.9)),
+                      context=tokens * rng.randint(100, 110))
+        model.observe(s, true_seconds(s) * rng.uniform(0.9, 1.1))
+    fitted = model.as_dict()
+    assert all(fitted[name] >= 0 for name in FEATURES)
+    one_more_call = TRUE["fixed"] + TRUE["per_layer"]
+    assert 0 <= model.call_overhead() <= 4 * one_more_call
+    s = CallShape(1, 8, 60, 850)
+    assert model.predict(s) == pytest.approx(true_seconds(s), rel=0.1)

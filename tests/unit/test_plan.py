@@ -138,10 +138,10 @@ def test_with_every_flight_ready_the_group_is_the_whole_lane() -> None:
 
 
 def merge(group: Group, n_flights: int, tokens: int, miss: float, load_s: float, max_experts: int = 16,
-          overhead_s: float = 0.001, layer_s: float = 0.003) -> int:
+          overhead_s: float = 0.001, layer_s: float = 0.003, two_pass: bool = False) -> int:
     from bevy_gguf.engine.plan import MergeCosts, call_end
 
-    params = PolicyParams(n_layer=8, max_tokens=64, max_experts=max_experts, hold_decode=False)
+    params = PolicyParams(n_layer=8, max_tokens=64, max_experts=max_experts, hold_decode=False, two_pass=two_pass)
     costs = MergeCosts(overhead_s=overhead_s, layer_s=layer_s, load_s=load_s, workers=4, distinct=8)
     return call_end(group, n_flights, tokens, params, top_k=2, n_expert=16, miss_rate=[miss] * 8, costs=costs)
 
@@ -153,6 +153,16 @@ def test_fast_loads_run_the_whole_step_in_one_call_slow_ones_a_layer_per_call() 
     assert merge(Group((0, 1, 2, 3), 2), 4, tokens=4, miss=0.0, load_s=1.0) == 8  # no misses: no stall
     assert merge(Group((0, 1, 2, 3), 2), 4, tokens=4, miss=0.6, load_s=0.0015) == 8  # 2 rounds of loads: 3 ms
     assert merge(Group((0, 1, 2, 3), 2), 4, tokens=4, miss=0.6, load_s=0.0025) == 3  # 5 ms > 4 ms: its own layer
+
+
+def test_with_two_passes_a_merged_layer_stalls_only_for_what_its_first_pass_does_not_hide() -> None:
+    # 0.6 of 8 distinct experts miss: 2 rounds of 4 loads; the first pass computes 0.4 x 3 ms = 1.2 ms
+    group = Group((0, 1, 2, 3), 2)
+    assert merge(group, 4, tokens=4, miss=0.6, load_s=0.0025) == 3  # one pass: 5 ms > 4 ms, stop
+    assert merge(group, 4, tokens=4, miss=0.6, load_s=0.0025, two_pass=True) == 8  # 3.8 ms < 4 ms: go on
+    assert merge(group, 4, tokens=4, miss=0.6, load_s=0.003, two_pass=True) == 3  # 4.8 ms left: stop
+    # rare misses whose loads the first pass covers: no stall at all
+    assert merge(group, 4, tokens=4, miss=0.1, load_s=0.0025, layer_s=0.003, overhead_s=0.0, two_pass=True) == 8
 
 
 def test_a_call_goes_on_only_for_the_whole_lane_and_only_if_any_layer_fits_the_cache() -> None:
@@ -196,3 +206,22 @@ def test_with_two_passes_decode_still_waits_for_prefill() -> None:
     flights = [waiter(0, 2, eta=0.0001), flight(1, 2, progress=0, tokens=5, prefill=True, ready=False)]
     flights[1].eta = 0.0005
     assert plan(flights, params, per_flight(0.001)).group == Group((1,), 2)  # the prefill, not the decode
+
+
+def test_two_passes_run_where_their_hidden_stall_pays_for_the_second_pass() -> None:
+    from bevy_gguf.engine.plan import MergeCosts, two_pass_pays
+
+    costs = MergeCosts(overhead_s=0.001, layer_s=0.003, load_s=0.002, workers=2, distinct=8)
+    layers = range(0, 4)
+    # nothing measured: two passes (never wrong); a flight whose loads are under way: two passes
+    assert two_pass_pays(layers, [0.0] * 4, None, 1e-4, loading=False)
+    assert two_pass_pays(layers, [0.0] * 4, costs, None, loading=False)
+    assert two_pass_pays(layers, [0.0] * 4, costs, 1e-4, loading=True)
+    # nothing misses (a cache that holds the working set): one pass, the second would only cost
+    assert not two_pass_pays(layers, [0.0] * 4, costs, 1e-4, loading=False)
+    # rare misses: 0.01 x 8 = 0.08 expected per layer, x 2 ms covered = 0.16 ms per layer
+    assert not two_pass_pays(layers, [0.01] * 4, costs, 2e-4, loading=False)
+    assert two_pass_pays(layers, [0.01] * 4, costs, 1e-4, loading=False)
+    # frequent misses: the first pass covers (1 - 0.5) x 3 ms of the 4 ms of loads per layer
+    assert two_pass_pays(layers, [0.5] * 4, costs, 1e-3, loading=False)
+    assert not two_pass_pays(layers, [0.5] * 4, costs, 2e-3, loading=False)

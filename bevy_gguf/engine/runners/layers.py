@@ -31,11 +31,22 @@ import threading
 import time
 from collections.abc import Callable
 
+from bevy_gguf._native import llama_ext
 from bevy_gguf._native.llama_handles import Context, ContextParams, Model
-from bevy_gguf.engine.calibrate import calibration_layers, choose_lanes
+from bevy_gguf.engine.calibrate import calibration_layers, choose_lanes, time_two_pass
 from bevy_gguf.engine.cost_model import CallCostModel, CallShape
 from bevy_gguf.engine.expert_cache import ExpertCache
-from bevy_gguf.engine.plan import FIRST, Flight, Group, MergeCosts, PolicyParams, admit_loads, call_end, plan
+from bevy_gguf.engine.plan import (
+    FIRST,
+    Flight,
+    Group,
+    MergeCosts,
+    PolicyParams,
+    admit_loads,
+    call_end,
+    plan,
+    two_pass_pays,
+)
 from bevy_gguf.engine.request import Request
 from bevy_gguf.engine.runners.batched import context_params
 from bevy_gguf.engine.source import FixedSource, RequestSource
@@ -55,7 +66,8 @@ class SelfBalancingRunner:
                  flash_attn_type: int = -1, wait_timeout_s: float = 300.0,
                  on_step: Callable[[int, list[Flight]], None] | None = None, load_window: int | None = None,
                  merge_misses: float | None = None, lanes: int = 1, split_factor: float = 1.0,
-                 lane_memo: dict[tuple[int, int], int] | None = None, two_pass: bool = True) -> None:
+                 lane_memo: dict[tuple[int, int], int] | None = None, two_pass: bool = True,
+                 pass_memo: dict[tuple[int, int], float | None] | None = None) -> None:
         self.model = model
         self.cache = cache
         self.n_parallel = n_parallel
@@ -77,6 +89,11 @@ class SelfBalancingRunner:
         self.split_factor = split_factor  # see plan.PolicyParams (0: run whatever is ready)
         self.cost_models: list[CallCostModel] = []  # one per lane, as the last serve made them
         self.two_pass = two_pass  # see ExpertCache.attach (and plan.PolicyParams.two_pass)
+        # (sequences, threads) -> seconds per layer a second pass adds, measured (calibrate.time_two_pass)
+        self.pass_memo = {} if pass_memo is None else pass_memo
+        self.pass_overhead_s: float | None = None  # as the last serve measured it (None: not measured)
+        self.calls = 0  # layer-range calls of the last serve
+        self.two_pass_calls = 0  # ... of them, those that ran two passes
 
     def lanes_for(self, n_seq: int, asked: int | None = None) -> int:
         """How many lanes: as asked, but at most one per thread and per sequence, while the
@@ -106,6 +123,7 @@ class SelfBalancingRunner:
         hold_decode, generated tokens wait while any prompt prefills (in any lane)."""
         n_seq = params.n_seq_max
         k = self.lanes_used = self.lanes_for(n_seq) if self.lanes else self._measured_lanes(params)
+        self.pass_overhead_s = self._measured_pass_overhead(params, k) if self.two_pass else None
         self.cache.set_concurrency(k)
         self.requests: list[Request] = []  # every lane's, in arrival order: Flight.index points here
         self._lock = threading.Lock()
@@ -161,6 +179,17 @@ class SelfBalancingRunner:
                     self.model, self.cache, dataclasses.replace(params, n_threads=self.n_threads), [1, most])
         return self.lane_memo[key]
 
+    def _measured_pass_overhead(self, params: ContextParams, lanes: int) -> float | None:
+        """What a second pass adds per MoE layer for a lane's batch on a lane's threads (measured
+        once per (sequences, threads) and remembered); None where the cache is too small to
+        measure it (the lanes then run two passes throughout)."""
+        seqs, threads = -(-params.n_seq_max // lanes), max(1, self.n_threads // lanes)
+        key = (seqs, threads)
+        if key not in self.pass_memo:
+            lane_params = dataclasses.replace(params, n_seq_max=seqs, n_threads=threads)
+            self.pass_memo[key] = time_two_pass(self.model, self.cache, lane_params)
+        return self.pass_memo[key]
+
     def _lane_prefilled(self, lane: _Lane) -> None:
         """A lane has no prompt left to prefill (or stopped): with hold_decode, it waits for the
         other lanes. The decode counters start when the first lane goes on."""
@@ -178,6 +207,8 @@ class SelfBalancingRunner:
     def _merge(self, lanes: list[_Lane]) -> RunStats:
         """One RunStats over the lanes: decode time from the first lane's decode to the last
         lane's end, counters over that span, prefill time of the longest lane."""
+        self.calls = sum(lane.calls for lane in lanes)
+        self.two_pass_calls = sum(lane.two_pass_calls for lane in lanes)
         stats = RunStats()
         for lane in lanes:
             stats.decode_tokens += lane.stats.decode_tokens
@@ -231,6 +262,9 @@ class _Lane:
         self._call_s = 0.0  # the current pass's call, from begin to end
         # the share of a group's k selections per token that are distinct experts (moving average)
         self._distinct_share = 1.0
+        self._two_pass_on = runner.two_pass  # the context's setting now (attach sets it)
+        self.calls = 0
+        self.two_pass_calls = 0  # calls that ran two passes (the others ran one)
 
     def serve(self, source: RequestSource) -> None:
         with Context(self.model, self.params) as ctx:
@@ -318,20 +352,38 @@ class _Lane:
         context = sum(len(f.tokens) * f.pos0 + len(f.tokens) * (len(f.tokens) + 1) // 2 for f in members)
         return self.cost_model.predict(CallShape(layers=1, tokens=tokens, experts=experts, context=context))
 
-    def _range_end(self, group: Group, flights: list[Flight]) -> int:
-        """Where the group's call stops (plan.call_end), with what this lane has measured."""
+    def _merge_costs(self, members: list[Flight]) -> MergeCosts | None:
+        """What this lane measured that prices a call of members (None: too few calls yet)."""
         layout = self.cache.layout
-        members = [flights[i] for i in group.members]
         tokens = sum(len(f.tokens) for f in members)
         distinct = min(layout.n_expert, tokens * layout.top_k * self._distinct_share)
         context = sum(len(f.tokens) * (f.pos0 + 1) for f in members)
         overhead = self.cost_model.call_overhead()
-        costs = None if overhead is None else MergeCosts(
+        return None if overhead is None else MergeCosts(
             overhead_s=overhead + self._pass_s, load_s=self._flights.pass_.load_ns / 1e9,
             workers=self.cache.n_workers, distinct=distinct,
             layer_s=self.cost_model.predict(CallShape(1, tokens, round(distinct), context)) or 0.0)
+
+    def _range_end(self, group: Group, flights: list[Flight], costs: MergeCosts | None) -> int:
+        """Where the group's call stops (plan.call_end), with what this lane has measured."""
+        layout = self.cache.layout
+        tokens = sum(len(flights[i].tokens) for i in group.members)
         return call_end(group, len(flights), tokens, self.policy, layout.top_k, layout.n_expert, self.miss_rate,
                         costs, self.runner.merge_misses)
+
+    def _set_passes(self, ctx: Context, group: Group, members: list[Flight], il_end: int,
+                    costs: MergeCosts | None) -> None:
+        """One pass or two for this call's MoE layers (plan.two_pass_pays); the layers whose
+        experts are not known yet are those after the group's own (from layer 0 for a new block)."""
+        if not self.runner.two_pass:
+            return
+        unknown = range(0 if group.layer == FIRST else group.layer + 1, il_end)
+        want = two_pass_pays(unknown, self.miss_rate, costs, self.runner.pass_overhead_s,
+                             loading=any(not f.ready for f in members))
+        if want != self._two_pass_on:  # the next graph is built with (or without) the second passes
+            llama_ext.set_two_pass(ctx.lib, ctx.ptr, want)
+            self._two_pass_on = want
+        self.two_pass_calls += want
 
     def _update_miss_rates(self) -> None:
         """Per layer, a moving average of the fraction of lookups that missed, weighted per
@@ -366,7 +418,10 @@ class _Lane:
         self._call_s = 0.0
         members = [flights[i] for i in group.members]
         n_layer = self.model.n_layer
-        il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, self._range_end(group, flights))
+        costs = self._merge_costs(members)
+        il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, self._range_end(group, flights, costs))
+        self._set_passes(ctx, group, members, il_end, costs)
+        self.calls += 1
         final = il_end == n_layer
         # layers before il_begin + 1 were counted when their experts were revealed; merged ones here
         count_from = 0 if group.layer == FIRST else il_begin + 1
