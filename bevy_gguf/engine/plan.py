@@ -267,11 +267,21 @@ def call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, to
     return end
 
 
+def _loads_s(miss: float, costs: MergeCosts) -> float:
+    """How long a layer missing this share of lookups loads: its misses, `workers` at a time."""
+    return math.ceil(miss * costs.distinct / costs.workers) * costs.load_s
+
+
+def _first_pass_s(miss: float, costs: MergeCosts) -> float:
+    """What a layer's first pass computes while its loads go on: the resident share of the layer."""
+    return (1.0 - miss) * costs.layer_s
+
+
 def _merged_stall(miss: float, costs: MergeCosts, two_pass: bool) -> float:
     """The expected wait of a call that goes on through a layer missing this share of lookups:
-    its loads, `workers` at a time, less (with two passes) the first pass over the resident share."""
-    loads_s = math.ceil(miss * costs.distinct / costs.workers) * costs.load_s
-    return max(0.0, loads_s - (1.0 - miss) * costs.layer_s) if two_pass else loads_s
+    its loads, less (with two passes) the first pass over the resident share."""
+    loads_s = _loads_s(miss, costs)
+    return max(0.0, loads_s - _first_pass_s(miss, costs)) if two_pass else loads_s
 
 
 def two_pass_pays(layers: range, miss_rate: list[float], costs: MergeCosts | None, pass_overhead_s: float | None,
@@ -291,6 +301,5 @@ def two_pass_pays(layers: range, miss_rate: list[float], costs: MergeCosts | Non
         misses = miss_rate[il] * costs.distinct
         if misses <= 0:
             continue
-        loads_s = math.ceil(misses / costs.workers) * costs.load_s
-        hidden += min(1.0, misses) * min(loads_s, (1.0 - miss_rate[il]) * costs.layer_s)
+        hidden += min(1.0, misses) * min(_loads_s(miss_rate[il], costs), _first_pass_s(miss_rate[il], costs))
     return hidden > pass_overhead_s * len(layers)

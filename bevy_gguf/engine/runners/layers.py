@@ -364,11 +364,11 @@ class _Lane:
             workers=self.cache.n_workers, distinct=distinct,
             layer_s=self.cost_model.predict(CallShape(1, tokens, round(distinct), context)) or 0.0)
 
-    def _range_end(self, group: Group, flights: list[Flight], costs: MergeCosts | None) -> int:
+    def _range_end(self, group: Group, members: list[Flight], n_flights: int, costs: MergeCosts | None) -> int:
         """Where the group's call stops (plan.call_end), with what this lane has measured."""
         layout = self.cache.layout
-        tokens = sum(len(flights[i].tokens) for i in group.members)
-        return call_end(group, len(flights), tokens, self.policy, layout.top_k, layout.n_expert, self.miss_rate,
+        tokens = sum(len(f.tokens) for f in members)
+        return call_end(group, n_flights, tokens, self.policy, layout.top_k, layout.n_expert, self.miss_rate,
                         costs, self.runner.merge_misses)
 
     def _set_passes(self, ctx: Context, group: Group, members: list[Flight], il_end: int,
@@ -419,7 +419,8 @@ class _Lane:
         members = [flights[i] for i in group.members]
         n_layer = self.model.n_layer
         costs = self._merge_costs(members)
-        il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, self._range_end(group, flights, costs))
+        end = self._range_end(group, members, len(flights), costs)
+        il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, end)
         self._set_passes(ctx, group, members, il_end, costs)
         self.calls += 1
         final = il_end == n_layer
