@@ -118,16 +118,10 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
     const int32_t il = req.il;
     const int32_t * experts = req.experts;
     const int32_t n = req.n;
-    if (il < 0 || il >= cfg_.n_layer) {
-        err = "layer " + std::to_string(il) + " is outside the cache's " + std::to_string(cfg_.n_layer) + " layers";
+    if (!valid_layer(il, err)) {
         return -1;
     }
     const auto deadline = wait_deadline();
-    auto timed_out = [&](const char * what) {
-        err = "timed out after " + std::to_string(cfg_.wait_timeout_ms) + " ms waiting for " + what +
-              " at layer " + std::to_string(il);
-        return -1;
-    };
 
     std::unique_lock<std::mutex> lock(mutex_);
     Counters & lc = layer_counters_[il];
@@ -168,7 +162,7 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
                 return -1;
             }
             if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
-                return timed_out("a free slot");
+                return timed_out("a free slot", il, err);
             }
         }
         lc.misses += req.count;
@@ -214,6 +208,20 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
     return wait_loaded_locked(lock, il, slots, n, deadline, err);
 }
 
+bool ExpertCache::valid_layer(int32_t il, std::string & err) const {
+    if (il < 0 || il >= cfg_.n_layer) {
+        err = "layer " + std::to_string(il) + " is outside the cache's " + std::to_string(cfg_.n_layer) + " layers";
+        return false;
+    }
+    return true;
+}
+
+int32_t ExpertCache::timed_out(const char * what, int32_t il, std::string & err) const {
+    err = "timed out after " + std::to_string(cfg_.wait_timeout_ms) + " ms waiting for " + what + " at layer " +
+          std::to_string(il);
+    return -1;
+}
+
 std::chrono::steady_clock::time_point ExpertCache::wait_deadline() const {
     using clock = std::chrono::steady_clock;
     return cfg_.wait_timeout_ms > 0 ? clock::now() + std::chrono::milliseconds(cfg_.wait_timeout_ms)
@@ -228,8 +236,7 @@ void ExpertCache::count_second_pass(int32_t il, int64_t n) {
 }
 
 int32_t ExpertCache::wait_loaded(int32_t il, const int64_t * slots, int32_t n, std::string & err) {
-    if (il < 0 || il >= cfg_.n_layer) {
-        err = "layer " + std::to_string(il) + " is outside the cache's " + std::to_string(cfg_.n_layer) + " layers";
+    if (!valid_layer(il, err)) {
         return -1;
     }
     const auto deadline = wait_deadline();
@@ -246,9 +253,7 @@ int32_t ExpertCache::wait_loaded_locked(std::unique_lock<std::mutex> & lock, int
         while (dir_.state(slots[i]) == SlotState::Loading) {
             waited = true;
             if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
-                err = "timed out after " + std::to_string(cfg_.wait_timeout_ms) + " ms waiting for expert loads at layer " +
-                      std::to_string(il);
-                return -1;
+                return timed_out("expert loads", il, err);
             }
         }
         if (dir_.state(slots[i]) != SlotState::Ready) {

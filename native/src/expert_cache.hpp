@@ -118,6 +118,8 @@ public:
 
 private:
     std::chrono::steady_clock::time_point wait_deadline() const; // now + the wait timeout (or never)
+    bool valid_layer(int32_t il, std::string & err) const;  // false (err set) outside the cache's layers
+    int32_t timed_out(const char * what, int32_t il, std::string & err) const; // -1, err: a wait for `what` timed out
     int32_t wait_loaded_locked(std::unique_lock<std::mutex> & lock, int32_t il, const int64_t * slots, int32_t n,
                                std::chrono::steady_clock::time_point deadline, std::string & err);
     bool load(const LoadJob & job, int32_t worker); // false: nothing to load after all
