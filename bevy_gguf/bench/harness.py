@@ -23,6 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from bevy_gguf.bench.memcap import MemoryCap, evict_page_cache
+from bevy_gguf.bench.variants import parse_system
 from bevy_gguf.bench.worker import BEVY_SYSTEMS, STOCK_SYSTEMS, SYSTEMS
 from bevy_gguf.config import LinkSpec, parse_cache_size, physical_cores
 from bevy_gguf.engine.cache_layout import CacheLayout
@@ -56,9 +57,8 @@ class BenchConfig:
     two_pass: str = "auto"  # every bevy-gguf system's (see EngineConfig)
 
     def __post_init__(self) -> None:
-        unknown = [s for s in self.systems if s not in SYSTEMS]
-        if unknown:
-            raise BevyError(f"unknown system(s) {', '.join(unknown)}: choose from {', '.join(SYSTEMS)}")
+        for system in self.systems:
+            parse_system(system, SYSTEMS, BEVY_SYSTEMS)
         if self.workload not in ("text", "generate"):
             raise BevyError(f"--workload {self.workload}: choose text or generate")
         if self.repeats < 1:
@@ -75,10 +75,12 @@ class BenchConfig:
 
 
 def _spec(cfg: BenchConfig, system: str, cache: str, link: str, trace_events: int = 0) -> dict[str, Any]:
-    return {"model": str(cfg.model), "system": system, "cache": cache, "link": link, "parallel": cfg.parallel,
+    """The worker's spec of a system (or a variant: its base system with its options) at a point."""
+    variant = parse_system(system, SYSTEMS, BEVY_SYSTEMS)
+    return {"model": str(cfg.model), "system": variant.base, "cache": cache, "link": link, "parallel": cfg.parallel,
             "requests": cfg.requests, "threads": cfg.threads, "prompt_tokens": cfg.prompt_tokens, "steps": cfg.steps,
             "workload": cfg.workload, "seed": cfg.seed, "eviction": cfg.eviction, "trace_events": trace_events,
-            "split_factor": cfg.split_factor, "lanes": cfg.lanes, "two_pass": cfg.two_pass}
+            "split_factor": cfg.split_factor, "lanes": cfg.lanes, "two_pass": cfg.two_pass} | variant.options
 
 
 def run_worker(spec: dict[str, Any], cap: MemoryCap | None = None) -> dict[str, Any]:
@@ -148,6 +150,9 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
         "cost_model": ok[-1].get("cost_model") or None,  # the last run's fit, per lane
         "lanes": [r.get("lanes") for r in ok] if ok[0].get("lanes") else None,
         "lane_seconds": ok[-1].get("lane_seconds") or None,
+        "layer_calls": _median([r["layer_calls"] for r in ok if r.get("layer_calls") is not None]),
+        "two_pass_calls": _median([r["two_pass_calls"] for r in ok if r.get("two_pass_calls") is not None]),
+        "two_pass_overhead_s": _median([r["two_pass_overhead_s"] for r in ok if r.get("two_pass_overhead_s")]),
     }
     if counters and counters[0].get("prefetch_loads"):
         tp = sum(c["prefetch_hits"] for c in counters)
@@ -231,7 +236,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
                     bar.set_postfix_str(f"{system} at {cache}, {link}, repeat {repeat + 1}")
                     trace = TRACE_EVENTS if (cfg.timeline and repeat == 0 and (cache, link) == points[0][::2]
                                              and system in BEVY_SYSTEMS) else 0
-                    result = run_worker(_spec(cfg, system, cache, link, trace))
+                    result = run_worker(_spec(cfg, system, cache, link, trace)) | {"system": system}
                     if trace and "error" not in result:
                         timelines[system] = {"events": result.pop("events"), "request_times": result["request_times"]}
                     result.pop("events", None)
@@ -316,7 +321,7 @@ def _link_rate(link: str, rows: list[dict[str, Any]]) -> float | None:
     if spec.rate:
         return spec.rate
     rates = [r["bytes_loaded"] / r["link_busy_s"] for r in rows
-             if r["system"] in BEVY_SYSTEMS and r.get("bytes_loaded") and r.get("link_busy_s")]
+             if r["system"].split(":")[0] in BEVY_SYSTEMS and r.get("bytes_loaded") and r.get("link_busy_s")]
     return max(rates) if rates else None
 
 

@@ -48,8 +48,9 @@ def markdown(report: dict[str, Any], command: str) -> str:
         + f". {p['repeats']} runs per row (median), systems interleaved, cold cache per run.",
         "",
         "| system | cache | " + ("link | " if sweep else "") + "tok/s | % of bound | TPOT p50 / p99 ms | TTFT ms | "
-        "hit rate | MB loaded | link util | link GB/s while busy | overlap eff. | status |",
-        "|---|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|---|---|---|---|",
+        "hit rate | MB loaded | compute / link busy s | link util | link GB/s while busy | overlap eff. | "
+        "layer calls (two-pass) | status |",
+        "|---|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["runs"]:
         status = r.get("status", "")
@@ -61,9 +62,10 @@ def markdown(report: dict[str, Any], command: str) -> str:
             f"{_fmt(r['pct_of_bound'] and 100 * r['pct_of_bound'], '.0f')} | "
             f"{_fmt(r['tpot_p50_ms'])} / {_fmt(r['tpot_p99_ms'])} | {_fmt(r['ttft_ms'], '.0f')} | "
             f"{_fmt(r['hit_rate'], '.3f')} | {_fmt(r['bytes_loaded'] and r['bytes_loaded'] / 1e6, '.0f')} | "
+            f"{_fmt(r.get('compute_busy_s'), '.2f')} / {_fmt(r.get('link_busy_s'), '.2f')} | "
             f"{_fmt(r.get('link_utilization'), '.2f')} | "
             f"{_fmt(r.get('link_bytes_per_s') and r['link_bytes_per_s'] / 1e9, '.2f')} | "
-            f"{_fmt(r['overlap_efficiency'], '.2f')} | {status} |")
+            f"{_fmt(r['overlap_efficiency'], '.2f')} | {_calls(r)} | {status} |")
     policy = next((b.get("online_policy") for b in report["bound"]), None) or "next-use"
     lines += ["", "Bound per point (the larger of the compute time, the fastest decode measured with every "
               "expert in memory, stock-resident or any system at a 100% cache, and the link time of Belady's "
@@ -117,6 +119,13 @@ def markdown(report: dict[str, Any], command: str) -> str:
               " time at least one graph computes; link busy = time at least one transfer is in flight; overlap "
               "efficiency = max(compute busy, link busy) / decode wall time.", ""]
     return "\n".join(lines)
+
+
+def _calls(row: dict[str, Any]) -> str:
+    """bevy's layer-range calls and, of them, those with two passes (medians); '-' for the others."""
+    if row.get("layer_calls") is None:
+        return "-"
+    return f"{row['layer_calls']:.0f} ({_fmt(row.get('two_pass_calls'), '.0f')})"
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

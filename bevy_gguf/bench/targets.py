@@ -65,7 +65,8 @@ def _paired(a: list[float | None], b: list[float | None], repeats: int) -> tuple
 
 def measured_ratios(report: dict[str, Any]) -> list[Ratio]:
     """bevy against every other system at each point (cache, link) of the sweep, bevy at 100%
-    against stock-resident, and bevy against the bound and the online bound; points in order.
+    against stock-resident, and bevy against the bound and the online bound; points in order;
+    then each variant against its base system.
     Stock systems have no link: their rows serve every link point of their cache, except that
     stock-offload (mmap from the disk) is only compared where bevy's link is not emulated."""
     repeats = report.get("protocol", {}).get("repeats", 0)
@@ -93,6 +94,18 @@ def measured_ratios(report: dict[str, Any]) -> list[Ratio]:
                 runs = bevy.get("repeats", [])
                 low, high = _paired(runs, [limit] * len(runs), repeats)
                 out.append(Ratio(name, cache, bevy["tok_per_s"] / limit, low, high, target_of(name, cache), link))
+    return out + _variant_ratios(rows, repeats)
+
+
+def _variant_ratios(rows: dict[tuple[str, float, str | None], dict[str, Any]], repeats: int) -> list[Ratio]:
+    """Each variant (bench/variants.py) over its base system at the same point: an A/B, no target."""
+    out = []
+    for (system, cache, link), row in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        base = rows.get((system.split(":")[0], cache, link))
+        if ":" in system and base:
+            low, high = _paired(row.get("repeats", []), base.get("repeats", []), repeats)
+            out.append(Ratio(f"{system} / {system.split(':')[0]}", cache, row["tok_per_s"] / base["tok_per_s"],
+                             low, high, None, link))
     return out
 
 

@@ -252,7 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--sweep", metavar="KEY=A,B,...", action="append",
                     help="cache points (cache=25%%,50%%,90%%) or link points (link=throttle:0.5GB/s:ram,"
                          "throttle:2GB/s:ram); give both for every pair")
-    be.add_argument("--systems", default="stock-resident,stock-offload,blocking,prefetch,bevy-ctx,bevy")
+    be.add_argument("--systems", default="stock-resident,stock-offload,blocking,prefetch,bevy-ctx,bevy",
+                    help="comma-separated; a variant NAME:option=value[:...] (options two-pass, split-factor, "
+                         "lanes, eviction) runs beside its base system for an in-run A/B, e.g. bevy:two-pass=off")
     be.add_argument("--link", default="file")
     be.add_argument("--eviction", choices=EVICTIONS, default="next-use")
     be.add_argument("--repeats", type=positive("--repeats"), default=3)

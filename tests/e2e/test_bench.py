@@ -17,6 +17,7 @@ from bevy_gguf.bench.targets import measured_ratios, verdict
 from bevy_gguf.synth import ensure_model
 
 SYSTEMS = ["stock-resident", "stock-offload", "blocking", "prefetch", "bevy-ctx", "bevy"]
+VARIANT = "bevy:two-pass=off"  # an A/B row: bevy with one option of its own
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     model = ensure_model(tiny_spec(layers=4, experts=16, top_k=2), progress=False)
     out = tmp_path_factory.mktemp("bench")
     proc = run_cli("bench", model, "--sweep", "cache=25%,100%", "--repeats", "2", "--steps", "6", "--out", out,
-                   "--json")
+                   "--systems", ",".join([*SYSTEMS, VARIANT]), "--json")
     return json.loads(proc.stdout), out
 
 
@@ -62,10 +63,21 @@ def test_bound_and_protocol(bench: tuple[dict, Path]) -> None:
     assert 0 < p["touched_experts"] <= p["n_experts"] == 4 * 16
     for r in doc["ratios"]:
         assert r["low"] <= r["value"] <= r["high"]
-        if r["ratio"] == "bevy / online bound":  # a reference, no target
+        if r["ratio"] in ("bevy / online bound", f"{VARIANT} / bevy"):  # a reference, an A/B: no target
             assert r["target"] is None and r["met"] is None
         else:
             assert r["target"] > 0 and r["met"] == (r["value"] >= r["target"])
+
+
+def test_a_variant_runs_its_base_system_with_its_own_options(bench: tuple[dict, Path]) -> None:
+    doc, _ = bench
+    rows = {(r["system"], r["cache"]): r for r in doc["runs"]}
+    for cache in (25.0, 100.0):
+        plain, variant = rows[("bevy", cache)], rows[(VARIANT, cache)]
+        assert variant["status"] == "ok" and variant["layer_calls"] > 0
+        assert variant["two_pass_calls"] == 0 < plain["two_pass_calls"]  # the option reached the worker
+    ab = [r for r in doc["ratios"] if r["ratio"] == f"{VARIANT} / bevy"]
+    assert [r["cache"] for r in ab] == [25.0, 100.0]
 
 
 def test_online_misses_replay_the_live_policy_from_the_recorded_order() -> None:

@@ -1,0 +1,66 @@
+"""System variants for in-run A/B: `bevy:two-pass=off`, `bevy:split-factor=1000:lanes=1`, ...
+
+A variant is a bevy-gguf system with some of its options set apart from the bench's own; it
+runs interleaved with the others, repeat by repeat, so its ratio to its base system is measured
+side by side (separate invocations differ by 10-25% on a shared machine). Targets judge the
+plain systems only; a variant is a row of its own, named as written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bevy_gguf.config import EVICTIONS, TWO_PASS
+from bevy_gguf.errors import BevyError
+
+# option name in a variant -> (spec key, how its value is read)
+OPTIONS: dict[str, tuple[str, Any]] = {
+    "two-pass": ("two_pass", str),
+    "split-factor": ("split_factor", float),
+    "lanes": ("lanes", int),
+    "eviction": ("eviction", str),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SystemVariant:
+    name: str                  # as written: the row's name
+    base: str                  # the system it sets options of
+    options: dict[str, Any]    # spec keys -> values, over the bench's own
+
+    @property
+    def is_variant(self) -> bool:
+        return bool(self.options)
+
+
+def parse_system(name: str, systems: tuple[str, ...], variable: tuple[str, ...]) -> SystemVariant:
+    """NAME or NAME:option=value[:option=value...] (options: see OPTIONS); variable: the systems
+    that take options (bevy-gguf's schedulers: stock llama.cpp has none of them)."""
+    base, *parts = name.split(":")
+    if base not in systems:
+        raise BevyError(f"unknown system {base!r} in {name!r}: choose from {', '.join(systems)}")
+    if parts and base not in variable:
+        raise BevyError(f"{name}: {base} takes no options (only {', '.join(variable)} do)")
+    options: dict[str, Any] = {}
+    for part in parts:
+        key, eq, raw = part.partition("=")
+        if key not in OPTIONS or not eq or not raw:
+            raise BevyError(f"{name}: write options as {base}:option=value, options {', '.join(OPTIONS)}")
+        spec_key, kind = OPTIONS[key]
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise BevyError(f"{name}: {key}={raw} is not a number") from None
+        _check(name, key, value)
+        options[spec_key] = value
+    return SystemVariant(name, base, options)
+
+
+def _check(name: str, key: str, value: Any) -> None:
+    if key == "two-pass" and value not in TWO_PASS:
+        raise BevyError(f"{name}: two-pass={value}: choose one of {', '.join(TWO_PASS)}")
+    if key == "eviction" and value not in EVICTIONS:
+        raise BevyError(f"{name}: eviction={value}: choose one of {', '.join(EVICTIONS)}")
+    if key in ("split-factor", "lanes") and value < 0:
+        raise BevyError(f"{name}: {key} must be at least 0, got {value}")

@@ -1,0 +1,51 @@
+"""bench system variants: NAME:option=value, parsed to the worker's spec keys, bad ones refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from bevy_gguf.bench.targets import measured_ratios
+from bevy_gguf.bench.variants import parse_system
+from bevy_gguf.bench.worker import BEVY_SYSTEMS, SYSTEMS
+from bevy_gguf.errors import BevyError
+
+
+def parse(name: str):  # noqa: ANN201
+    return parse_system(name, SYSTEMS, BEVY_SYSTEMS)
+
+
+def test_a_plain_system_has_no_options() -> None:
+    v = parse("blocking")
+    assert (v.base, v.options, v.is_variant) == ("blocking", {}, False)
+
+
+def test_options_map_to_spec_keys_with_their_types() -> None:
+    v = parse("bevy:two-pass=off:split-factor=1000:lanes=2:eviction=lru")
+    assert v.base == "bevy" and v.name == "bevy:two-pass=off:split-factor=1000:lanes=2:eviction=lru"
+    assert v.options == {"two_pass": "off", "split_factor": 1000.0, "lanes": 2, "eviction": "lru"}
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("bevy-fast", "unknown system 'bevy-fast'"),
+    ("stock-resident:two-pass=off", "takes no options"),
+    ("bevy:speed=2", "options two-pass, split-factor"),
+    ("bevy:two-pass", "write options as"),
+    ("bevy:two-pass=maybe", "choose one of"),
+    ("bevy:lanes=two", "is not a number"),
+    ("bevy:split-factor=-1", "at least 0"),
+])
+def test_bad_variants_are_refused_in_one_line(name: str, says: str) -> None:
+    with pytest.raises(BevyError, match=says) as e:
+        parse(name)
+    assert "\n" not in str(e.value)
+
+
+def test_a_variant_is_compared_with_its_base_at_each_point_without_a_target() -> None:
+    runs = [{"system": s, "cache": c, "link_point": "file", "tok_per_s": t, "repeats": r}
+            for s, c, t, r in [("bevy", 50.0, 100.0, [90.0, 110.0]), ("bevy:two-pass=off", 50.0, 80.0, [72.0, 99.0]),
+                               ("bevy:lanes=2", 100.0, 50.0, [50.0, 50.0])]]
+    ratios = measured_ratios({"protocol": {"repeats": 2}, "runs": runs, "bound": []})
+    ab = [r for r in ratios if ":" in r.name]
+    assert [(r.name, r.cache) for r in ab] == [("bevy:two-pass=off / bevy", 50.0)]  # no base at 100%
+    assert ab[0].value == pytest.approx(0.8) and ab[0].target is None and ab[0].met is None
+    assert (ab[0].low, ab[0].high) == pytest.approx((0.8, 0.9))
