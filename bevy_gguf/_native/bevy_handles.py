@@ -208,6 +208,9 @@ class NativeCache:
         if lib.bevy_cache_set_concurrency(self.handle, n) != 0:
             raise BevyError(lib.last_error())
 
+    def set_learning(self, on: bool) -> None:
+        lib.bevy_cache_set_learning(self.handle, on)
+
     def new_hook(self) -> Hook:
         hook = Hook(self)
         self.hooks.append(hook)

@@ -366,6 +366,13 @@ def bevy_cache_set_concurrency(cache: BevyCache, n: int, /) -> int:
     ...
 
 
+# void bevy_cache_set_learning(bevy_cache * cache, bool on);
+@_bind("bevy_cache_set_learning", [BevyCache, c_bool], None)
+def bevy_cache_set_learning(cache: BevyCache, on: bool, /) -> None:
+    """Off: hook calls leave the eviction's usage statistics as they are (calibrations)."""
+    ...
+
+
 # int32_t bevy_cache_refresh(bevy_cache * cache, int32_t owner, bevy_flight * flights, int32_t n, bevy_pass * pass);
 @_bind("bevy_cache_refresh", [BevyCache, c_int32, POINTER(BevyFlight), c_int32, POINTER(BevyPass)], c_int32)
 def bevy_cache_refresh(cache: BevyCache, owner: int, flights: Any, n: int, pass_: Any, /) -> int:

@@ -153,6 +153,7 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
         "layer_calls": _median([r["layer_calls"] for r in ok if r.get("layer_calls") is not None]),
         "two_pass_calls": _median([r["two_pass_calls"] for r in ok if r.get("two_pass_calls") is not None]),
         "two_pass_overhead_s": _median([r["two_pass_overhead_s"] for r in ok if r.get("two_pass_overhead_s")]),
+        "load_contention_s": _median([r["load_contention_s"] for r in ok if r.get("load_contention_s") is not None]),
     }
     if counters and counters[0].get("prefetch_loads"):
         tp = sum(c["prefetch_hits"] for c in counters)
@@ -181,9 +182,11 @@ def belady_misses(order: dict[str, Any], n_slots: int) -> int:
 
 
 def _bound_tok_per_s(decode_tokens: int, compute_s: float | None, link_s: float | None) -> float | None:
-    """Decode tokens over the larger of the compute and link times (None if neither is known)."""
-    limit = max((x for x in (compute_s, link_s) if x is not None), default=None)
-    return decode_tokens / limit if limit else None
+    """Decode tokens over the larger of the compute and link times; None without a compute time
+    (no stock-resident run and no 100% point: a link time alone bounds nothing a system could reach)."""
+    if not compute_s:
+        return None
+    return decode_tokens / max(compute_s, link_s or 0.0)
 
 
 def policy_misses(order: dict[str, Any], n_slots: int, policy: str, n_layer: int, n_expert: int) -> int:

@@ -70,6 +70,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "load_s": result.cache["load_s"], "cost_model": result.cache["cost_model"],
                 "lanes": result.cache["lanes"], "lane_seconds": result.cache["lane_seconds"],
                 "two_pass_overhead_s": result.cache["two_pass_overhead_s"],
+                "load_contention_s": result.cache["load_contention_s"],
                 "two_pass_calls": result.cache["two_pass_calls"], "layer_calls": result.cache["layer_calls"],
                 "compute_busy_s": d.get("compute_busy_ns", 0) / 1e9, "link_busy_s": d.get("link_busy_ns", 0) / 1e9}
     else:

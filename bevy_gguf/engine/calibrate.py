@@ -13,9 +13,10 @@ the fastest (fewer lanes unless more are faster by a margin: they read more byte
 
 Two passes per MoE layer (patch 0004) add graph nodes to every MoE layer, which cost time even
 where nothing misses (measured on the default model: bevy at a 90% cache 0.91-0.98x blocking
-with two passes, 1.03x without); time_two_pass measures that cost per layer, so the runner
-turns the second pass on only for calls whose expected stall it would hide pays for it
-(plan.two_pass_pays).
+with two passes, 1.03x without), and what they overlap is not free either: a load that moves
+while a call computes takes CPU from it when the link copies through the CPU. time_step_costs
+measures both, so the runner turns the second pass on only for calls whose expected stall it
+would hide pays for them (plan.two_pass_pays).
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ import dataclasses
 import statistics
 import threading
 import time
+from dataclasses import dataclass
 
+import numpy as np
+
+from bevy_gguf._native import llama_ext
 from bevy_gguf._native.llama_handles import Context, ContextParams, Model
 from bevy_gguf.engine.expert_cache import ExpertCache
 
@@ -127,14 +132,124 @@ def choose_lanes(model: Model, cache: ExpertCache, params: ContextParams, candid
     return best, seconds
 
 
-def time_two_pass(model: Model, cache: ExpertCache, params: ContextParams) -> float | None:
-    """Seconds per layer that computing each MoE layer in two passes adds where every expert is
-    in (the second pass's graph nodes, which then compute nothing), measured as one context of
-    params.n_seq_max tokens with and without; None when the cache cannot hold what it reads."""
+@dataclass(frozen=True, slots=True)
+class StepCosts:
+    """What overlapping costs on this machine, measured with every expert in (see time_step_costs)."""
+
+    pass_overhead_s: float  # seconds a second pass adds to a MoE layer
+    load_contention_s: float  # compute seconds one expert load moving meanwhile adds to a call
+
+
+def time_step_costs(model: Model, cache: ExpertCache, params: ContextParams) -> StepCosts | None:
+    """Time one context of params.n_seq_max tokens through the layers, interleaved repeat by
+    repeat: in one pass, in two passes, and in one pass while the link moves experts at its own
+    speed (its workers reading into scratch buffers). The second gives what the second pass's
+    graph nodes cost per layer; the third what a load moving during a call costs the call: a
+    link that copies through the CPU (a RAM or throttled link, bounce buffers) takes cores from
+    the compute (measured on a 2-core machine: a 4 GB/s copy stream beside a step made it 1.8x
+    slower), a DMA link next to nothing. None when the cache cannot hold what it reads."""
     n_seq = params.n_seq_max
     layers = calibration_layers(cache, n_seq)
     if not layers:
         return None
-    one = time_lanes(model, cache, params, 1, n_seq, layers, two_pass=False)
-    two = time_lanes(model, cache, params, 1, n_seq, layers, two_pass=True)
-    return max(0.0, (two - one) / layers)
+    tokens = _tokens(model, n_seq)
+    cp = dataclasses.replace(params, n_ctx=max(64, 2 * n_seq), n_batch=n_seq, n_ubatch=n_seq)
+    times: dict[str, list[float]] = {"one": [], "two": [], "loading": []}
+    moved: list[float] = []  # expert loads per second of the "loading" runs
+    with Context(model, cp) as ctx, _LinkStream(cache) as stream:
+        cache.attach(ctx, two_pass=False)
+        cache.set_concurrency(1)
+        try:
+            _layers(ctx, tokens, layers)  # loads what it reads
+            for _ in range(REPEATS):
+                for kind in ("one", "two", "loading"):
+                    llama_ext.set_two_pass(ctx.lib, ctx.ptr, kind == "two")
+                    _layers(ctx, tokens, layers)  # a graph of the new kind is built here, not timed
+                    if kind == "loading":
+                        stream.start()
+                    t = time.perf_counter()
+                    _layers(ctx, tokens, layers)
+                    times[kind].append(time.perf_counter() - t)
+                    if kind == "loading":
+                        moved.append(stream.stop() / times[kind][-1])
+        finally:
+            cache.release_hooks()
+    # paired differences (runs next to each other in time, so that the machine's drift cancels)
+    second = statistics.median(b - a for a, b in zip(times["one"], times["two"]))
+    beside = statistics.median((b - a) / (b * rate) if rate > 0 else 0.0
+                               for a, b, rate in zip(times["one"], times["loading"], moved))
+    return StepCosts(pass_overhead_s=max(0.0, second / layers), load_contention_s=max(0.0, beside))
+
+
+class _LinkStream:
+    """The cache's link reading experts as fast as it goes, on as many threads as the cache has
+    upload workers, into scratch buffers (no slot is touched); start() and stop() bracket what
+    is counted, stop() returns once no read is under way, with the expert loads moved since start()."""
+
+    def __init__(self, cache: ExpertCache) -> None:
+        layout = cache.layout
+        self.link = cache.native.link
+        self.slot_bytes = layout.slot_bytes
+        self.reads = [(offset + e * layout.kind_bytes[kind], layout.kind_bytes[kind])
+                      for (_, kind), offset in layout.sources.items() for e in range(layout.n_expert)]
+        self._cv = threading.Condition()
+        self._go = self._quit = False
+        self._active = 0
+        self._bytes = 0
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(cache.n_workers)]
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> _LinkStream:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cv:
+            self._quit = True
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join()
+
+    def _run(self, index: int) -> None:
+        reads = self.reads[index::len(self._threads)] or self.reads
+        buffers = {n: _aligned(n) for _, n in reads}
+        i = 0
+        while True:
+            with self._cv:
+                while not (self._go or self._quit):
+                    self._cv.wait()
+                if self._quit:
+                    return
+                self._active += 1
+            offset, nbytes = reads[i % len(reads)]
+            i += 1
+            try:
+                self.link.read(offset, buffers[nbytes])
+            except BaseException as e:  # noqa: BLE001 - a failed read: the measurement says nothing moved
+                self.error = e
+            with self._cv:
+                self._active -= 1
+                self._bytes += nbytes
+                self._go = self._go and self.error is None
+                self._cv.notify_all()
+
+    def start(self) -> None:
+        with self._cv:
+            self._bytes = 0
+            self._go = True
+            self._cv.notify_all()
+
+    def stop(self) -> float:
+        with self._cv:
+            self._go = False
+            while self._active:
+                self._cv.wait()
+            return self._bytes / self.slot_bytes if self.error is None else 0.0
+
+
+def _aligned(nbytes: int, alignment: int = 4096) -> np.ndarray:
+    """nbytes of scratch starting at an `alignment` boundary (what O_DIRECT reads straight into)."""
+    raw = np.empty(nbytes + alignment, dtype=np.uint8)
+    skip = -raw.ctypes.data % alignment
+    return raw[skip: skip + nbytes]

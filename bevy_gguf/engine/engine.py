@@ -19,6 +19,7 @@ from bevy_gguf._native import llama_ext
 from bevy_gguf._native.llama_handles import ContextParams, Model
 from bevy_gguf._native.loader import use_libllama
 from bevy_gguf.config import EngineConfig
+from bevy_gguf.engine.calibrate import StepCosts
 from bevy_gguf.engine.expert_cache import ExpertCache
 from bevy_gguf.engine.registry import Scheduler, get_scheduler
 from bevy_gguf.engine.request import Request
@@ -63,7 +64,7 @@ class LLMEngine:
             raise
         self.runner: Runner | None = None  # the last one made
         self._lane_memo: dict[tuple[int, int], int] = {}  # bevy's lane counts measured on this machine
-        self._pass_memo: dict[tuple[int, int], float | None] = {}  # and what its second passes cost
+        self._pass_memo: dict[tuple[int, int], StepCosts | None] = {}  # and what overlapping costs it
         self._queue: LiveQueue | None = None
         self._thread: threading.Thread | None = None
         self.serve_stats: RunStats | None = None
@@ -162,6 +163,7 @@ class LLMEngine:
                 "cost_model": [m.as_dict() for m in models], "lanes": getattr(self.runner, "lanes_used", None),
                 "lane_seconds": getattr(self.runner, "lane_seconds", {}),
                 "two_pass_overhead_s": getattr(self.runner, "pass_overhead_s", None),
+                "load_contention_s": getattr(self.runner, "load_contention_s", None),
                 "two_pass_calls": getattr(self.runner, "two_pass_calls", None),
                 "layer_calls": getattr(self.runner, "calls", None)}
 

@@ -6,6 +6,9 @@ the handles behind it are bevy_handles'.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from bevy_gguf._native import libbevy, llama_ext
 from bevy_gguf._native.bevy_handles import Flights, Hook, Link, NativeCache
 from bevy_gguf._native.llama_handles import Context
@@ -94,6 +97,17 @@ class ExpertCache:
         llama_ext.set_two_pass(ctx.lib, ctx.ptr, two_pass)
         ctx.explain_failure = hook.last_error
         return hook
+
+    @contextmanager
+    def not_learning(self) -> Iterator[None]:
+        """Decodes inside leave the eviction's usage statistics as they were (a calibration's
+        repeated tokens would otherwise tell it that their experts are the ones in use: measured,
+        3% more loads through a 50% cache afterwards)."""
+        self.native.set_learning(False)
+        try:
+            yield
+        finally:
+            self.native.set_learning(True)
 
     def set_concurrency(self, n: int) -> None:
         """How many contexts compute at once (the compute gate's capacity)."""

@@ -230,6 +230,8 @@ class MergeCosts:
     load_s: float      # the link's recent time per expert load (its workers overlapping)
     workers: int       # loads in flight at once
     distinct: float    # the group's distinct experts at a layer (expected)
+    contention_s: float = 0.0  # compute seconds a load moving while a call computes adds to it
+                               # (calibrate.time_step_costs: a link that copies through the CPU)
 
 
 def call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, top_k: int, n_expert: int,
@@ -244,12 +246,14 @@ def call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, to
     call (overhead_s), and what it buys is runahead: the flights whose experts are in compute while
     the others' load, which hides at most the stall, and no more than the group's compute of a
     layer could fill (when the loads land sooner than that, the flights were better kept
-    together). So the call goes on while stall < overhead_s + layer_s, the stall being the layer's
-    recent miss rate x the group's distinct experts, `workers` loads at a time, load_s each; with
-    two passes per MoE layer (params.two_pass) the layer's first pass computes its resident
-    experts while those load, so the stall is what is left of the loads after that pass (the
-    resident share of layer_s). Fast loads or rare misses: whole steps in one call (blocking's
-    schedule); slow loads: one layer per call. Nothing measured yet (costs None): one layer.
+    together), and the loads that then move beside other calls take contention_s each from them.
+    So the call goes on while stall < overhead_s + layer_s + contention_s x misses, the stall
+    being the layer's recent miss rate x the group's distinct experts, `workers` loads at a time,
+    load_s each; with two passes per MoE layer (params.two_pass) the layer's first pass computes
+    its resident experts while those load, so the stall is what is left of the loads after that
+    pass (the resident share of layer_s), plus what the loads moving beside it take from it.
+    Fast loads or rare misses: whole steps in one call (blocking's schedule); slow loads: one
+    layer per call. Nothing measured yet (costs None): one layer.
     merge_misses (if given) replaces the cost rule by a fixed bound on the expected misses
     (recent miss rate x tokens x top_k)."""
     end = 0 if group.layer == FIRST else group.layer + 1
@@ -261,10 +265,17 @@ def call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, to
         return end
     if costs is None:
         return end
-    budget = costs.overhead_s + costs.layer_s
-    while end < params.n_layer and _merged_stall(miss_rate[end], costs, params.two_pass) < budget:
+    while end < params.n_layer and _merged_stall(miss_rate[end], costs, params.two_pass) < _stop_cost(
+            miss_rate[end], costs):
         end += 1
     return end
+
+
+def _stop_cost(miss: float, costs: MergeCosts) -> float:
+    """What stopping before a layer missing this share of lookups costs: one more call, the
+    group's compute of a layer that runahead must fill before it hides anything, and what the
+    layer's loads take from the calls they then move beside (contention_s each)."""
+    return costs.overhead_s + costs.layer_s + costs.contention_s * miss * costs.distinct
 
 
 def _loads_s(miss: float, costs: MergeCosts) -> float:
@@ -277,23 +288,36 @@ def _first_pass_s(miss: float, costs: MergeCosts) -> float:
     return (1.0 - miss) * costs.layer_s
 
 
+def _overlap_cost(miss: float, costs: MergeCosts) -> float:
+    """What a layer's first pass pays for the loads that move beside it: contention_s per load,
+    for the share of the loads that lands while it computes."""
+    loads_s = _loads_s(miss, costs)
+    moving = min(1.0, _first_pass_s(miss, costs) / loads_s) if loads_s > 0 else 0.0
+    return costs.contention_s * miss * costs.distinct * moving
+
+
 def _merged_stall(miss: float, costs: MergeCosts, two_pass: bool) -> float:
     """The expected wait of a call that goes on through a layer missing this share of lookups:
-    its loads, less (with two passes) the first pass over the resident share."""
+    its loads, less (with two passes) the first pass over the resident share, which then pays
+    for the loads that move beside it."""
     loads_s = _loads_s(miss, costs)
-    return max(0.0, loads_s - _first_pass_s(miss, costs)) if two_pass else loads_s
+    if not two_pass:
+        return loads_s
+    return max(0.0, loads_s - _first_pass_s(miss, costs)) + _overlap_cost(miss, costs)
 
 
 def two_pass_pays(layers: range, miss_rate: list[float], costs: MergeCosts | None, pass_overhead_s: float | None,
                   loading: bool) -> bool:
     """Should a call over `layers` compute its MoE layers in two passes? A second pass costs
     every layer pass_overhead_s (its extra graph nodes, measured with every expert in, see
-    calibrate.time_two_pass), and what it buys is the part of a layer's stall that the first pass
-    over the resident experts covers. So: yes when the call holds a flight whose loads are under
-    way (the plan counted on that overlap), else when the layers' expected hidden stall (the
-    chance that a layer misses at all x the loads its first pass covers) is above what the
-    second passes cost. Nothing measured yet (costs or the overhead None): two passes, which
-    are never wrong, only slower where nothing misses."""
+    calibrate.time_step_costs), and what it buys is the part of a layer's stall that the first
+    pass over the resident experts covers, less what the loads moving beside that pass take from
+    it (contention_s each: on a link that copies through the CPU, a fast link's loads cost the
+    compute about what they would have stalled it). So: yes when the call holds a flight whose
+    loads are under way (the plan counted on that overlap), else when the layers' expected net
+    hidden stall (the chance that a layer misses at all x what its first pass covers, net) is
+    above what the second passes cost. Nothing measured yet (costs or the overhead None): two
+    passes, which are never wrong, only slower where nothing misses."""
     if loading or costs is None or pass_overhead_s is None:
         return True
     hidden = 0.0
@@ -301,5 +325,6 @@ def two_pass_pays(layers: range, miss_rate: list[float], costs: MergeCosts | Non
         misses = miss_rate[il] * costs.distinct
         if misses <= 0:
             continue
-        hidden += min(1.0, misses) * min(_loads_s(miss_rate[il], costs), _first_pass_s(miss_rate[il], costs))
+        covered = min(_loads_s(miss_rate[il], costs), _first_pass_s(miss_rate[il], costs))
+        hidden += min(1.0, misses) * max(0.0, covered - _overlap_cost(miss_rate[il], costs))
     return hidden > pass_overhead_s * len(layers)

@@ -190,6 +190,9 @@ BEVY_API const char *  bevy_hook_last_error(const bevy_hook * hook);
 
 // gated contexts computing at once (default 1)
 BEVY_API int32_t bevy_cache_set_concurrency(bevy_cache * cache, int32_t n);
+// learning off: hook calls pin and load as ever but leave the eviction's usage statistics as
+// they are (decodes that are not the workload, such as start-up calibrations); default on
+BEVY_API void    bevy_cache_set_learning(bevy_cache * cache, bool on);
 BEVY_API void    bevy_hook_set_gated(bevy_hook * hook, bool gated);
 // before each llama_decode of the hook's context: its progress (the token it decodes), from
 // which layer on its hits and misses count (0: all; a scheduler that counted earlier layers at

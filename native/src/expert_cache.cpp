@@ -143,7 +143,9 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
         if (slots[i] >= 0) {
             lc.hits += req.count;
             dir_.pin(slots[i]);
-            dir_.touch(slots[i]);
+            if (learning_) {
+                dir_.touch(slots[i]);
+            }
             pinned_++;
             pins.push_back(slots[i]);
         }
@@ -171,12 +173,16 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
         lc.evictions += evicted ? 1 : 0;
         queue_->push({s, il, e, req.priority});
         dir_.pin(s);
-        dir_.touch(s);
+        if (learning_) {
+            dir_.touch(s);
+        }
         pinned_++;
         pins.push_back(s);
         slots[i] = s;
     }
-    dir_.visit(il, used_);
+    if (learning_) {
+        dir_.visit(il, used_);
+    }
 
     // prefetch: load predicted experts of the next layer behind every demand load, never waiting
     // for them and never evicting a pinned slot

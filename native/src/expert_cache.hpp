@@ -104,6 +104,13 @@ public:
     // drop the reservations an owner's refresh made
     void    unreserve_all(int32_t owner);
 
+    // off: hook calls pin and load as ever, but leave the eviction's statistics (usage
+    // frequencies, recency) as they are: for decodes that are not the workload (calibrations)
+    void set_learning(bool on) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        learning_ = on;
+    }
+
     // contexts whose hooks are gated compute at most `capacity` at once, lagging first
     ComputeGate & gate() { return gate_; }
     EventLog &    events() { return events_; }
@@ -158,6 +165,7 @@ private:
     std::vector<uint8_t>    holding_;    // per owner: reservations in force (refreshed since its last unreserve_all)
     std::vector<std::vector<int32_t>> wanted_; // per owner: keys its admitted flights need (sorted), as of its last refresh
     uint64_t                version_ = 0;
+    bool                    learning_ = true; // see set_learning
     std::vector<std::vector<float>> routers_; // per layer: router weights, for prefetch
     int32_t                 router_n_embd_ = 0;
 

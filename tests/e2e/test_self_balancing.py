@@ -110,6 +110,8 @@ def test_second_passes_run_only_where_they_can_hide_a_load(qwen3_tiny: Path) -> 
     args = ("run", qwen3_tiny, "-p", "Hello", "-p", "abc", "-np", "2", "-n", "24", "-t", "2", "--expert-cache", "100%")
     s = run_json(*args)["stats"]
     assert s["two_pass_overhead_s"] is not None and s["two_pass_overhead_s"] >= 0
+    assert s["load_contention_s"] is not None and s["load_contention_s"] >= 0  # measured beside the first
     assert 0 < s["two_pass_calls"] < s["layer_calls"], s  # the cold start's misses, then one pass
     off = run_json(*args, "--two-pass", "off")["stats"]
     assert off["two_pass_calls"] == 0 and off["two_pass_overhead_s"] is None and off["layer_calls"] > 0
+    assert off["load_contention_s"] >= 0  # runahead overlaps loads with calls too: measured anyway

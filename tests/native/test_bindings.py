@@ -170,3 +170,28 @@ def test_a_pass_says_when_each_admitted_flights_loads_land(qwen3_tiny: Path) -> 
         assert 0.02 < first < second and third is None
         assert second == pytest.approx(5 / 2 * first, rel=0.3)  # 5 loads behind one worker vs 2
         cache.unreserve_all(0)
+
+
+@pytest.mark.parametrize("learning", [True, False])
+def test_decodes_that_do_not_learn_leave_the_eviction_statistics_as_they_were(qwen3_tiny: Path,
+                                                                              learning: bool) -> None:
+    info = inspect_model(qwen3_tiny)
+    with ExpertCache(info, 4 * CacheLayout.of(info).slot_bytes, LinkSpec.parse("ram"), policy="lru") as cache:
+        hook = cache.native.new_hook()
+
+        def use(experts: list[int]) -> None:
+            hook.begin(0)
+            assert call_hook(hook, 0, [experts], route_only=False)[0] == 0
+            call_hook(hook, -1, [[0, 0]], route_only=False)  # graph done: unpin
+            hook.end()
+
+        use([0, 1])
+        use([2, 3])  # the 4 slots hold 0-3, 0 and 1 least recently used
+        cache.native.set_learning(learning)
+        use([0, 1])  # a hit either way; it makes 0 and 1 recent only when the cache learns from it
+        cache.native.set_learning(True)
+        use([4, 5])  # evicts the two least recently used
+        misses = cache.counters(0)["misses"]
+        use([0, 1])
+        # learning: 2 and 3 were evicted and 0, 1 hit; not learning: 0 and 1 were, and miss now
+        assert cache.counters(0)["misses"] - misses == (0 if learning else 2)

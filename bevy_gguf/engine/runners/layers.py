@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 from bevy_gguf._native import llama_ext
 from bevy_gguf._native.llama_handles import Context, ContextParams, Model
-from bevy_gguf.engine.calibrate import calibration_layers, choose_lanes, time_two_pass
+from bevy_gguf.engine.calibrate import StepCosts, calibration_layers, choose_lanes, time_step_costs
 from bevy_gguf.engine.cost_model import CallCostModel, CallShape
 from bevy_gguf.engine.expert_cache import ExpertCache
 from bevy_gguf.engine.plan import (
@@ -67,7 +67,7 @@ class SelfBalancingRunner:
                  on_step: Callable[[int, list[Flight]], None] | None = None, load_window: int | None = None,
                  merge_misses: float | None = None, lanes: int = 1, split_factor: float = 1.0,
                  lane_memo: dict[tuple[int, int], int] | None = None, two_pass: bool = True,
-                 pass_memo: dict[tuple[int, int], float | None] | None = None) -> None:
+                 pass_memo: dict[tuple[int, int], StepCosts | None] | None = None) -> None:
         self.model = model
         self.cache = cache
         self.n_parallel = n_parallel
@@ -89,9 +89,10 @@ class SelfBalancingRunner:
         self.split_factor = split_factor  # see plan.PolicyParams (0: run whatever is ready)
         self.cost_models: list[CallCostModel] = []  # one per lane, as the last serve made them
         self.two_pass = two_pass  # see ExpertCache.attach (and plan.PolicyParams.two_pass)
-        # (sequences, threads) -> seconds per layer a second pass adds, measured (calibrate.time_two_pass)
+        # (sequences, threads) -> what a second pass and a load beside a call cost (calibrate.time_step_costs)
         self.pass_memo = {} if pass_memo is None else pass_memo
         self.pass_overhead_s: float | None = None  # as the last serve measured it (None: not measured)
+        self.load_contention_s = 0.0  # ... compute seconds a load moving during a call adds to it
         self.calls = 0  # layer-range calls of the last serve
         self.two_pass_calls = 0  # ... of them, those that ran two passes
 
@@ -123,7 +124,9 @@ class SelfBalancingRunner:
         hold_decode, generated tokens wait while any prompt prefills (in any lane)."""
         n_seq = params.n_seq_max
         k = self.lanes_used = self.lanes_for(n_seq) if self.lanes else self._measured_lanes(params)
-        self.pass_overhead_s = self._measured_pass_overhead(params, k) if self.two_pass else None
+        costs = self._measured_step_costs(params, k)
+        self.pass_overhead_s = costs.pass_overhead_s if costs and self.two_pass else None
+        self.load_contention_s = costs.load_contention_s if costs else 0.0
         self.cache.set_concurrency(k)
         self.requests: list[Request] = []  # every lane's, in arrival order: Flight.index points here
         self._lock = threading.Lock()
@@ -175,19 +178,22 @@ class SelfBalancingRunner:
             if most == 1 or not calibration_layers(self.cache, n_seq):
                 self.lane_memo[key] = 1
             else:
-                self.lane_memo[key], self.lane_seconds = choose_lanes(
-                    self.model, self.cache, dataclasses.replace(params, n_threads=self.n_threads), [1, most])
+                with self.cache.not_learning():
+                    self.lane_memo[key], self.lane_seconds = choose_lanes(
+                        self.model, self.cache, dataclasses.replace(params, n_threads=self.n_threads), [1, most])
         return self.lane_memo[key]
 
-    def _measured_pass_overhead(self, params: ContextParams, lanes: int) -> float | None:
-        """What a second pass adds per MoE layer for a lane's batch on a lane's threads (measured
-        once per (sequences, threads) and remembered); None where the cache is too small to
-        measure it (the lanes then run two passes throughout)."""
+    def _measured_step_costs(self, params: ContextParams, lanes: int) -> StepCosts | None:
+        """What a second pass adds per MoE layer, and a load moving beside a call adds to it, for a
+        lane's batch on a lane's threads (measured once per (sequences, threads) and remembered);
+        None where the cache is too small to measure it (the lanes then run two passes throughout,
+        and price no contention)."""
         seqs, threads = -(-params.n_seq_max // lanes), max(1, self.n_threads // lanes)
         key = (seqs, threads)
         if key not in self.pass_memo:
             lane_params = dataclasses.replace(params, n_seq_max=seqs, n_threads=threads)
-            self.pass_memo[key] = time_two_pass(self.model, self.cache, lane_params)
+            with self.cache.not_learning():
+                self.pass_memo[key] = time_step_costs(self.model, self.cache, lane_params)
         return self.pass_memo[key]
 
     def _lane_prefilled(self, lane: _Lane) -> None:
@@ -362,7 +368,8 @@ class _Lane:
         return None if overhead is None else MergeCosts(
             overhead_s=overhead + self._pass_s, load_s=self._flights.pass_.load_ns / 1e9,
             workers=self.cache.n_workers, distinct=distinct,
-            layer_s=self.cost_model.predict(CallShape(1, tokens, round(distinct), context)) or 0.0)
+            layer_s=self.cost_model.predict(CallShape(1, tokens, round(distinct), context)) or 0.0,
+            contention_s=self.runner.load_contention_s)
 
     def _range_end(self, group: Group, members: list[Flight], n_flights: int, costs: MergeCosts | None) -> int:
         """Where the group's call stops (plan.call_end), with what this lane has measured."""
