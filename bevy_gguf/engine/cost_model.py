@@ -132,3 +132,26 @@ class CallCostModel:
         """The fitted weights in seconds per unit (context per position), and the calls seen."""
         w = self._fit() if self.n >= MIN_OBSERVATIONS else self.w
         return {name: float(v * s) for name, v, s in zip(FEATURES, w, _SCALE)} | {"calls": self.n}
+
+
+class LinkTimePerLoad:
+    """Link seconds per expert load, lately: link busy time over loads completed, from the
+    cache's running totals, a moving average weighted per load (each load moves it by 1 - decay
+    of the way). So it says what a load costs as loads came: a lone load's latency when they
+    come one at a time, bytes over bandwidth when they queue (a job's own time says neither:
+    on a shared link it grows with the jobs beside it)."""
+
+    def __init__(self, decay: float = 0.98) -> None:
+        self.decay = decay
+        self.value: float | None = None
+        self._seen = (0, 0)
+
+    def update(self, busy_ns: int, loads: int) -> float | None:
+        """Take the cache's totals (link busy ns, loads); the estimate (None: no load yet)."""
+        d_busy, d_loads = busy_ns - self._seen[0], loads - self._seen[1]
+        if d_loads > 0:
+            sample = d_busy / 1e9 / d_loads
+            alpha = 1.0 - self.decay ** d_loads
+            self.value = sample if self.value is None else self.value + alpha * (sample - self.value)
+            self._seen = (busy_ns, loads)
+        return self.value

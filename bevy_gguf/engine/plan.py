@@ -35,7 +35,6 @@ Policy (parameters in PolicyParams):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -227,8 +226,9 @@ class MergeCosts:
 
     overhead_s: float  # one more call: the cost model's fixed and per-layer cost, and the lane's Python per pass
     layer_s: float     # the group's compute of one layer, as the cost model predicts it
-    load_s: float      # the link's recent time per expert load (its workers overlapping)
-    workers: int       # loads in flight at once
+    load_s: float      # link seconds per expert load: recent link busy time / loads, so with its
+                       # workers overlapping as they did (a lone load's latency when loads come
+                       # one at a time, bytes / bandwidth when they queue)
     distinct: float    # the group's distinct experts at a layer (expected)
     contention_s: float = 0.0  # compute seconds a load moving while a call computes adds to it
                                # (calibrate.time_step_costs: a link that copies through the CPU)
@@ -248,10 +248,10 @@ def call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, to
     layer could fill (when the loads land sooner than that, the flights were better kept
     together), and the loads that then move beside other calls take contention_s each from them.
     So the call goes on while stall < overhead_s + layer_s + contention_s x misses, the stall
-    being the layer's recent miss rate x the group's distinct experts, `workers` loads at a time,
-    load_s each; with two passes per MoE layer (params.two_pass) the layer's first pass computes
-    its resident experts while those load, so the stall is what is left of the loads after that
-    pass (the resident share of layer_s), plus what the loads moving beside it take from it.
+    being the layer's recent miss rate x the group's distinct experts x load_s; with two passes
+    per MoE layer (params.two_pass) the layer's first pass computes its resident experts while
+    those load, so the stall is what is left of the loads after that pass (the resident share of
+    layer_s), plus what the loads moving beside it take from it.
     Fast loads or rare misses: whole steps in one call (blocking's schedule); slow loads: one
     layer per call. Nothing measured yet (costs None): one layer.
     merge_misses (if given) replaces the cost rule by a fixed bound on the expected misses
@@ -279,8 +279,8 @@ def _stop_cost(miss: float, costs: MergeCosts) -> float:
 
 
 def _loads_s(miss: float, costs: MergeCosts) -> float:
-    """How long a layer missing this share of lookups loads: its misses, `workers` at a time."""
-    return math.ceil(miss * costs.distinct / costs.workers) * costs.load_s
+    """How long a layer missing this share of lookups loads, expected: its misses x link time each."""
+    return miss * costs.distinct * costs.load_s
 
 
 def _first_pass_s(miss: float, costs: MergeCosts) -> float:
@@ -315,16 +315,13 @@ def two_pass_pays(layers: range, miss_rate: list[float], costs: MergeCosts | Non
     it (contention_s each: on a link that copies through the CPU, a fast link's loads cost the
     compute about what they would have stalled it). So: yes when the call holds a flight whose
     loads are under way (the plan counted on that overlap), else when the layers' expected net
-    hidden stall (the chance that a layer misses at all x what its first pass covers, net) is
-    above what the second passes cost. Nothing measured yet (costs or the overhead None): two
+    hidden stall (per layer, the expected loads its first pass covers, net) is above what the
+    second passes cost. Nothing measured yet (costs or the overhead None): two
     passes, which are never wrong, only slower where nothing misses."""
     if loading or costs is None or pass_overhead_s is None:
         return True
     hidden = 0.0
     for il in layers:
-        misses = miss_rate[il] * costs.distinct
-        if misses <= 0:
-            continue
         covered = min(_loads_s(miss_rate[il], costs), _first_pass_s(miss_rate[il], costs))
-        hidden += min(1.0, misses) * max(0.0, covered - _overlap_cost(miss_rate[il], costs))
+        hidden += max(0.0, covered - _overlap_cost(miss_rate[il], costs))
     return hidden > pass_overhead_s * len(layers)

@@ -93,3 +93,15 @@ def test_decode_calls_whose_features_move_together_get_no_negative_cost() -> Non
     assert 0 <= model.call_overhead() <= 4 * one_more_call
     s = CallShape(1, 8, 60, 850)
     assert model.predict(s) == pytest.approx(true_seconds(s), rel=0.1)
+
+
+def test_link_time_per_load_follows_the_loads_as_they_came() -> None:
+    from bevy_gguf.engine.cost_model import LinkTimePerLoad
+
+    t = LinkTimePerLoad(decay=0.5)
+    assert t.update(0, 0) is None  # no load yet
+    assert t.update(4_000_000, 4) == pytest.approx(1e-3)  # 4 loads in 4 ms of link time: 1 ms each
+    assert t.update(4_000_000, 4) == pytest.approx(1e-3)  # nothing new: unchanged
+    # one lone load of 3 ms moves it half way; two queued ones of 0.5 ms each, three quarters
+    assert t.update(7_000_000, 5) == pytest.approx(2e-3)
+    assert t.update(8_000_000, 7) == pytest.approx(2e-3 + 0.75 * (0.5e-3 - 2e-3))

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from bevy_gguf._native import llama_ext
 from bevy_gguf._native.llama_handles import Context, ContextParams, Model
 from bevy_gguf.engine.calibrate import StepCosts, calibration_layers, choose_lanes, time_step_costs
-from bevy_gguf.engine.cost_model import CallCostModel, CallShape
+from bevy_gguf.engine.cost_model import CallCostModel, CallShape, LinkTimePerLoad
 from bevy_gguf.engine.expert_cache import ExpertCache
 from bevy_gguf.engine.plan import (
     FIRST,
@@ -269,6 +269,7 @@ class _Lane:
         # the share of a group's k selections per token that are distinct experts (moving average)
         self._distinct_share = 1.0
         self._two_pass_on = runner.two_pass  # the context's setting now (attach sets it)
+        self._per_load = LinkTimePerLoad(MISS_RATE_DECAY)  # link seconds per load, lately
         self.calls = 0
         self.two_pass_calls = 0  # calls that ran two passes (the others ran one)
 
@@ -366,10 +367,16 @@ class _Lane:
         context = sum(len(f.tokens) * (f.pos0 + 1) for f in members)
         overhead = self.cost_model.call_overhead()
         return None if overhead is None else MergeCosts(
-            overhead_s=overhead + self._pass_s, load_s=self._flights.pass_.load_ns / 1e9,
-            workers=self.cache.n_workers, distinct=distinct,
+            overhead_s=overhead + self._pass_s, load_s=self._link_s_per_load(), distinct=distinct,
             layer_s=self.cost_model.predict(CallShape(1, tokens, round(distinct), context)) or 0.0,
             contention_s=self.runner.load_contention_s)
+
+    def _link_s_per_load(self) -> float:
+        """Link seconds per expert load lately (cost_model.LinkTimePerLoad); before any load, a
+        job's time over the workers."""
+        c = self.cache.counters()
+        value = self._per_load.update(c["link_busy_ns"], c["loads"])
+        return self._flights.pass_.load_ns / 1e9 / self.cache.n_workers if value is None else value
 
     def _range_end(self, group: Group, members: list[Flight], n_flights: int, costs: MergeCosts | None) -> int:
         """Where the group's call stops (plan.call_end), with what this lane has measured."""
