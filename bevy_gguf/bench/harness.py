@@ -154,6 +154,7 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
         "two_pass_calls": _median([r["two_pass_calls"] for r in ok if r.get("two_pass_calls") is not None]),
         "two_pass_overhead_s": _median([r["two_pass_overhead_s"] for r in ok if r.get("two_pass_overhead_s")]),
         "load_contention_s": _median([r["load_contention_s"] for r in ok if r.get("load_contention_s") is not None]),
+        "load_alone_s": _median([r["load_alone_s"] for r in ok if r.get("load_alone_s")]),
     }
     if counters and counters[0].get("prefetch_loads"):
         tp = sum(c["prefetch_hits"] for c in counters)

@@ -71,6 +71,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "lanes": result.cache["lanes"], "lane_seconds": result.cache["lane_seconds"],
                 "two_pass_overhead_s": result.cache["two_pass_overhead_s"],
                 "load_contention_s": result.cache["load_contention_s"],
+                "load_alone_s": result.cache["load_alone_s"],
                 "two_pass_calls": result.cache["two_pass_calls"], "layer_calls": result.cache["layer_calls"],
                 "compute_busy_s": d.get("compute_busy_ns", 0) / 1e9, "link_busy_s": d.get("link_busy_ns", 0) / 1e9}
     else:

@@ -138,6 +138,8 @@ class StepCosts:
 
     pass_overhead_s: float  # seconds a second pass adds to a MoE layer
     load_contention_s: float  # compute seconds one expert load moving meanwhile adds to a call
+    load_alone_s: float  # link seconds per expert load with nothing computing (its workers
+                         # overlapping): what a load stalls a call that waits for it
 
 
 def time_step_costs(model: Model, cache: ExpertCache, params: ContextParams) -> StepCosts | None:
@@ -147,7 +149,10 @@ def time_step_costs(model: Model, cache: ExpertCache, params: ContextParams) -> 
     graph nodes cost per layer; the third what a load moving during a call costs the call: a
     link that copies through the CPU (a RAM or throttled link, bounce buffers) takes cores from
     the compute (measured on a 2-core machine: a 4 GB/s copy stream beside a step made it 1.8x
-    slower), a DMA link next to nothing. None when the cache cannot hold what it reads."""
+    slower), a DMA link next to nothing. Last, the link streams as long again with nothing
+    computing: its time per load when a call waits for it (a link that copies through the CPU
+    is slower beside the compute, so what it measures while overlapped overstates the stall a
+    load causes). None when the cache cannot hold what it reads."""
     n_seq = params.n_seq_max
     layers = calibration_layers(cache, n_seq)
     if not layers:
@@ -156,6 +161,7 @@ def time_step_costs(model: Model, cache: ExpertCache, params: ContextParams) -> 
     cp = dataclasses.replace(params, n_ctx=max(64, 2 * n_seq), n_batch=n_seq, n_ubatch=n_seq)
     times: dict[str, list[float]] = {"one": [], "two": [], "loading": []}
     moved: list[float] = []  # expert loads per second of the "loading" runs
+    alone: list[float] = []  # ... of the link streaming with nothing computing
     with Context(model, cp) as ctx, _LinkStream(cache) as stream:
         cache.attach(ctx, two_pass=False)
         cache.set_concurrency(1)
@@ -172,13 +178,18 @@ def time_step_costs(model: Model, cache: ExpertCache, params: ContextParams) -> 
                     times[kind].append(time.perf_counter() - t)
                     if kind == "loading":
                         moved.append(stream.stop() / times[kind][-1])
+                stream.start()  # as long again with nothing computing: the link's own speed
+                time.sleep(times["one"][-1])
+                alone.append(stream.stop() / times["one"][-1])
         finally:
             cache.release_hooks()
     # paired differences (runs next to each other in time, so that the machine's drift cancels)
     second = statistics.median(b - a for a, b in zip(times["one"], times["two"]))
     beside = statistics.median((b - a) / (b * rate) if rate > 0 else 0.0
                                for a, b, rate in zip(times["one"], times["loading"], moved))
-    return StepCosts(pass_overhead_s=max(0.0, second / layers), load_contention_s=max(0.0, beside))
+    rate = statistics.median(alone)
+    return StepCosts(pass_overhead_s=max(0.0, second / layers), load_contention_s=max(0.0, beside),
+                     load_alone_s=1.0 / rate if rate > 0 else 0.0)
 
 
 class _LinkStream:

@@ -164,6 +164,7 @@ class LLMEngine:
                 "lane_seconds": getattr(self.runner, "lane_seconds", {}),
                 "two_pass_overhead_s": getattr(self.runner, "pass_overhead_s", None),
                 "load_contention_s": getattr(self.runner, "load_contention_s", None),
+                "load_alone_s": getattr(self.runner, "load_alone_s", None),
                 "two_pass_calls": getattr(self.runner, "two_pass_calls", None),
                 "layer_calls": getattr(self.runner, "calls", None)}
 

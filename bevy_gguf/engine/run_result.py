@@ -46,6 +46,7 @@ class RunResult:
                       "lane_seconds": self.cache["lane_seconds"],
                       "two_pass_overhead_s": self.cache["two_pass_overhead_s"],
                       "load_contention_s": self.cache["load_contention_s"],
+                      "load_alone_s": self.cache["load_alone_s"],
                       "two_pass_calls": self.cache["two_pass_calls"], "layer_calls": self.cache["layer_calls"]}
             if c.get("prefetch_loads"):
                 tp, fp, fn = c["prefetch_hits"], c["prefetch_wasted"], c["prefetch_missed"]

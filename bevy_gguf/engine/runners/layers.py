@@ -93,6 +93,7 @@ class SelfBalancingRunner:
         self.pass_memo = {} if pass_memo is None else pass_memo
         self.pass_overhead_s: float | None = None  # as the last serve measured it (None: not measured)
         self.load_contention_s = 0.0  # ... compute seconds a load moving during a call adds to it
+        self.load_alone_s = 0.0  # ... link seconds per load with nothing computing (0: not measured)
         self.calls = 0  # layer-range calls of the last serve
         self.two_pass_calls = 0  # ... of them, those that ran two passes
 
@@ -127,6 +128,7 @@ class SelfBalancingRunner:
         costs = self._measured_step_costs(params, k)
         self.pass_overhead_s = costs.pass_overhead_s if costs and self.two_pass else None
         self.load_contention_s = costs.load_contention_s if costs else 0.0
+        self.load_alone_s = costs.load_alone_s if costs else 0.0
         self.cache.set_concurrency(k)
         self.requests: list[Request] = []  # every lane's, in arrival order: Flight.index points here
         self._lock = threading.Lock()
@@ -372,11 +374,15 @@ class _Lane:
             contention_s=self.runner.load_contention_s)
 
     def _link_s_per_load(self) -> float:
-        """Link seconds per expert load lately (cost_model.LinkTimePerLoad); before any load, a
-        job's time over the workers."""
+        """Link seconds per expert load: as measured lately (cost_model.LinkTimePerLoad; before
+        any load, a job's time over the workers), but no more than the link took at start with
+        nothing computing (a link that copies through the CPU is slower beside the compute, and
+        what a stall costs is its time alone)."""
         c = self.cache.counters()
         value = self._per_load.update(c["link_busy_ns"], c["loads"])
-        return self._flights.pass_.load_ns / 1e9 / self.cache.n_workers if value is None else value
+        lately = self._flights.pass_.load_ns / 1e9 / self.cache.n_workers if value is None else value
+        alone = self.runner.load_alone_s
+        return min(lately, alone) if alone > 0 else lately
 
     def _range_end(self, group: Group, members: list[Flight], n_flights: int, costs: MergeCosts | None) -> int:
         """Where the group's call stops (plan.call_end), with what this lane has measured."""
