@@ -2,7 +2,8 @@
 
 Protocol (docs/benchmark.md): teacher-forced text workload (or real generation), cold cache per run,
 each run in its own process (stock runs on the stock libllama), systems interleaved across
-repeats, medians reported with every repeat kept. Per cache point the bound is the larger of
+repeats (each repeat's order rotated by one), medians reported with every repeat kept. Per cache
+point the bound is the larger of
 the compute time (the fastest decode measured with every expert in memory: stock-resident, or
 any system at a 100% cache) and the link time of the Belady-optimal misses of the recorded
 blocking order. Beside it, the online bound: the same with the misses of the live cache's own
@@ -210,6 +211,14 @@ def touched_experts(order: dict[str, Any]) -> int:
     return len({(il, e) for il, es in order["prefill"] + order["decode"] for e in es})
 
 
+def rotated(systems: list[str], repeat: int) -> list[str]:
+    """The systems in the order of one repeat: each repeat starts one further along, so that
+    every system runs in every place of the order (a run can leave the machine slower or faster
+    for the next: a system always run after the heaviest one would be measured on a slower machine)."""
+    k = repeat % len(systems) if systems else 0
+    return systems[k:] + systems[:k]
+
+
 def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     info = inspect_model(cfg.model)
     layout = CacheLayout.of(info)
@@ -236,7 +245,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
                     _run_offload(cfg, info, pct, resident, cap_notes))
                 bar.update()
             for link in (p[2] for p in points if p[0] == cache):
-                for system in others:
+                for system in rotated(others, repeat):
                     bar.set_postfix_str(f"{system} at {cache}, {link}, repeat {repeat + 1}")
                     trace = TRACE_EVENTS if (cfg.timeline and repeat == 0 and (cache, link) == points[0][::2]
                                              and system in BEVY_SYSTEMS) else 0

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bevy_gguf.config import EngineConfig
+from bevy_gguf.engine.engine import RUNNER_STATS
 from bevy_gguf.engine.registry import scheduler_names
 from bevy_gguf.engine.run_result import RunResult, run_requests
 from bevy_gguf.errors import BevyError
@@ -68,12 +69,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         out |= {"cache_bytes": result.cache["bytes"], "link": result.cache["link"], "decode_counters": d,
                 "micro_batch": result.cache["micro_batch"], "events": result.cache["events"],
                 "load_s": result.cache["load_s"], "cost_model": result.cache["cost_model"],
-                "lanes": result.cache["lanes"], "lane_seconds": result.cache["lane_seconds"],
-                "two_pass_overhead_s": result.cache["two_pass_overhead_s"],
-                "load_contention_s": result.cache["load_contention_s"],
-                "load_alone_s": result.cache["load_alone_s"],
-                "two_pass_calls": result.cache["two_pass_calls"], "layer_calls": result.cache["layer_calls"],
-                "compute_busy_s": d.get("compute_busy_ns", 0) / 1e9, "link_busy_s": d.get("link_busy_ns", 0) / 1e9}
+                "lane_seconds": result.cache["lane_seconds"], "compute_busy_s": d.get("compute_busy_ns", 0) / 1e9,
+                "link_busy_s": d.get("link_busy_ns", 0) / 1e9}
+        out |= {key: result.cache[key] for key in RUNNER_STATS}
     else:
         out |= {"compute_busy_s": s.decode_s, "link_busy_s": 0.0}
     return out

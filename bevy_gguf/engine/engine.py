@@ -41,6 +41,13 @@ class Runner(Protocol):
     def serve(self, source: RequestSource, params: ContextParams) -> RunStats: ...
 
 
+# what the last runner measured and did, as cache_summary names it -> the runner's attribute
+# (bevy's; None for the runners without it)
+RUNNER_STATS = {"lanes": "lanes_used", "two_pass_overhead_s": "pass_overhead_s",
+                "load_contention_s": "load_contention_s", "load_alone_s": "load_alone_s",
+                "two_pass_calls": "two_pass_calls", "layer_calls": "calls"}
+
+
 class LLMEngine:
     """Owns the model, the expert cache (the bevy engine only) and makes the runners."""
 
@@ -160,13 +167,9 @@ class LLMEngine:
                 "micro_batch": self.runner.micro_batch if self.runner else None, "decode": stats.decode_counters,
                 "total": c.counters(), "layers": [c.counters(il) for il in range(self.info.n_layer)],
                 "events": c.events() if events else [], "load_s": c.load_s(),
-                "cost_model": [m.as_dict() for m in models], "lanes": getattr(self.runner, "lanes_used", None),
-                "lane_seconds": getattr(self.runner, "lane_seconds", {}),
-                "two_pass_overhead_s": getattr(self.runner, "pass_overhead_s", None),
-                "load_contention_s": getattr(self.runner, "load_contention_s", None),
-                "load_alone_s": getattr(self.runner, "load_alone_s", None),
-                "two_pass_calls": getattr(self.runner, "two_pass_calls", None),
-                "layer_calls": getattr(self.runner, "calls", None)}
+                "cost_model": [m.as_dict() for m in models],
+                "lane_seconds": getattr(self.runner, "lane_seconds", {})} | {
+                key: getattr(self.runner, attr, None) for key, attr in RUNNER_STATS.items()}
 
     def close(self) -> None:
         """Stop serving, then free the cache (and its hooks) and the model, in that order."""

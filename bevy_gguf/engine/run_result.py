@@ -9,7 +9,7 @@ from typing import Any
 
 from bevy_gguf._native.llama_handles import Model
 from bevy_gguf.config import EngineConfig
-from bevy_gguf.engine.engine import LLMEngine
+from bevy_gguf.engine.engine import RUNNER_STATS, LLMEngine
 from bevy_gguf.engine.request import Request
 from bevy_gguf.engine.stats import RunStats, hit_rate
 
@@ -42,12 +42,8 @@ class RunResult:
                       "scheduler": self.cache["scheduler"], "expert_cache_bytes": self.cache["bytes"],
                       "expert_cache_slots": self.cache["slots"], "micro_batch": self.cache["micro_batch"],
                       "total": self.cache["total"], "link_load_s": self.cache["load_s"],
-                      "cost_model": self.cache["cost_model"], "lanes": self.cache["lanes"],
-                      "lane_seconds": self.cache["lane_seconds"],
-                      "two_pass_overhead_s": self.cache["two_pass_overhead_s"],
-                      "load_contention_s": self.cache["load_contention_s"],
-                      "load_alone_s": self.cache["load_alone_s"],
-                      "two_pass_calls": self.cache["two_pass_calls"], "layer_calls": self.cache["layer_calls"]}
+                      "cost_model": self.cache["cost_model"], "lane_seconds": self.cache["lane_seconds"]}
+            stats |= {key: self.cache[key] for key in RUNNER_STATS}
             if c.get("prefetch_loads"):
                 tp, fp, fn = c["prefetch_hits"], c["prefetch_wasted"], c["prefetch_missed"]
                 stats |= {"prefetch_precision": round(tp / max(tp + fp, 1), 6),
