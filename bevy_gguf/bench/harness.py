@@ -24,7 +24,7 @@ from typing import Any
 from tqdm import tqdm
 
 from bevy_gguf.bench.memcap import MemoryCap, evict_page_cache
-from bevy_gguf.bench.variants import parse_system
+from bevy_gguf.bench.variants import base_of, parse_system
 from bevy_gguf.bench.worker import BEVY_SYSTEMS, STOCK_SYSTEMS, SYSTEMS
 from bevy_gguf.config import LinkSpec, parse_cache_size, physical_cores
 from bevy_gguf.engine.cache_layout import CacheLayout
@@ -334,7 +334,7 @@ def _link_rate(link: str, rows: list[dict[str, Any]]) -> float | None:
     if spec.rate:
         return spec.rate
     rates = [r["bytes_loaded"] / r["link_busy_s"] for r in rows
-             if r["system"].split(":")[0] in BEVY_SYSTEMS and r.get("bytes_loaded") and r.get("link_busy_s")]
+             if base_of(r["system"]) in BEVY_SYSTEMS and r.get("bytes_loaded") and r.get("link_busy_s")]
     return max(rates) if rates else None
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bevy_gguf.bench.variants import base_of
+
 NEVER_SLOWER = ("blocking", "prefetch", "bevy-ctx", "stock-offload")  # bevy / these >= 1 everywhere
 RATIO_TARGETS = {  # (ratio, cache %) -> target, over the never-slower floor
     ("bevy / blocking", 90.0): 1.5,
@@ -101,10 +103,10 @@ def _variant_ratios(rows: dict[tuple[str, float, str | None], dict[str, Any]], r
     """Each variant (bench/variants.py) over its base system at the same point: an A/B, no target."""
     out = []
     for (system, cache, link), row in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        base = rows.get((system.split(":")[0], cache, link))
-        if ":" in system and base:
+        base = rows.get((base_of(system), cache, link))
+        if base_of(system) != system and base:
             low, high = _paired(row.get("repeats", []), base.get("repeats", []), repeats)
-            out.append(Ratio(f"{system} / {system.split(':')[0]}", cache, row["tok_per_s"] / base["tok_per_s"],
+            out.append(Ratio(f"{system} / {base_of(system)}", cache, row["tok_per_s"] / base["tok_per_s"],
                              low, high, None, link))
     return out
 

@@ -34,10 +34,15 @@ class SystemVariant:
         return bool(self.options)
 
 
+def base_of(name: str) -> str:
+    """The system a (parsed) variant name runs: NAME of NAME:option=value..."""
+    return name.split(":", 1)[0]
+
+
 def parse_system(name: str, systems: tuple[str, ...], variable: tuple[str, ...]) -> SystemVariant:
     """NAME or NAME:option=value[:option=value...] (options: see OPTIONS); variable: the systems
     that take options (bevy-gguf's schedulers: stock llama.cpp has none of them)."""
-    base, *parts = name.split(":")
+    base, *parts = name.split(":")  # base_of(name) and the options
     if base not in systems:
         raise BevyError(f"unknown system {base!r} in {name!r}: choose from {', '.join(systems)}")
     if parts and base not in variable:
