@@ -153,7 +153,8 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
         "lane_seconds": ok[-1].get("lane_seconds") or None,
         "layer_calls": _median([r["layer_calls"] for r in ok if r.get("layer_calls") is not None]),
         "two_pass_calls": _median([r["two_pass_calls"] for r in ok if r.get("two_pass_calls") is not None]),
-        "two_pass_overhead_s": _median([r["two_pass_overhead_s"] for r in ok if r.get("two_pass_overhead_s")]),
+        "two_pass_overhead_s": _median([r["two_pass_overhead_s"] for r in ok
+                                        if r.get("two_pass_overhead_s") is not None]),
         "load_contention_s": _median([r["load_contention_s"] for r in ok if r.get("load_contention_s") is not None]),
         "load_alone_s": _median([r["load_alone_s"] for r in ok if r.get("load_alone_s")]),
     }
