@@ -27,6 +27,14 @@ def tiny_spec(arch: str = "qwen3moe", dtype: str = "q8_0", **kw: int) -> ModelSp
     return ModelSpec(arch=arch, dtype=dtype, **params)
 
 
+def quant_spec(quantize: str, arch: str = "qwen3moe", tensor_types: tuple[str, ...] = (), **kw: int) -> ModelSpec:
+    """A tiny model through stock llama-quantize: 256 wide (K-quant blocks are 256 values; a
+    narrower tensor falls back to another type) and 4 layers (Q4_K_M gives layers 2 and 3 a
+    Q6_K ffn_down, layers 0 and 1 a Q4_K one)."""
+    params = dict(layers=4, experts=8, top_k=2, embd=256, ff=256, seed=0) | kw
+    return ModelSpec(arch=arch, dtype="f16", quantize=quantize, tensor_types=tensor_types, **params)
+
+
 @pytest.fixture(scope="session", params=ARCHS)
 def tiny_model(request: pytest.FixtureRequest) -> Path:
     """A tiny model of every generated architecture."""

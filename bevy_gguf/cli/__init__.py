@@ -10,7 +10,7 @@ from pathlib import Path
 from bevy_gguf.config import ENGINES, EVICTIONS, FLASH_ATTN, TWO_PASS, EngineConfig, physical_cores
 from bevy_gguf.engine.registry import DEFAULT_SCHEDULER, help_text, scheduler_names
 from bevy_gguf.errors import BevyError
-from bevy_gguf.synth.spec import ARCHS, DTYPES, ModelSpec
+from bevy_gguf.synth.spec import ARCHS, DTYPES, QUANTIZE_TYPES, ModelSpec
 
 DEFAULT = ModelSpec()
 
@@ -39,7 +39,8 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     from bevy_gguf.synth import make_model
 
     spec = ModelSpec(arch=args.arch, layers=args.layers, experts=args.experts, top_k=args.top_k,
-                     embd=args.embd, ff=args.ff, dtype=args.dtype, seed=args.seed)
+                     embd=args.embd, ff=args.ff, dtype=args.dtype, seed=args.seed, quantize=args.quantize or "",
+                     tensor_types=tuple(args.tensor_type or ()))
     out = make_model(spec, Path(args.out), progress=sys.stderr.isatty())
     info = inspect_model(out)
     print(f"{out}: {spec.key}, {info.file_bytes / 1e6:.1f} MB, routed experts {info.expert_bytes / 1e6:.1f} MB")
@@ -224,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     mm.add_argument("--ff", type=int, default=DEFAULT.ff)
     mm.add_argument("--dtype", choices=DTYPES, default=DEFAULT.dtype)
     mm.add_argument("--seed", type=int, default=DEFAULT.seed)
+    mm.add_argument("--quantize", metavar="TYPE", type=str.upper,
+                    help="pass the model through stock llama-quantize: " + ", ".join(QUANTIZE_TYPES))
+    mm.add_argument("--tensor-type", metavar="NAME=TYPE", action="append",
+                    help="llama-quantize's per-tensor type override (repeatable; needs --quantize), "
+                         "e.g. ffn_down_exps=q6_k")
     mm.set_defaults(func=cmd_make_model)
 
     run = sub.add_parser("run", help="decode prompts concurrently and print the texts")

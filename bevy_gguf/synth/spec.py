@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
@@ -11,7 +12,11 @@ from bevy_gguf.errors import BevyError
 
 ARCHS = ("qwen3moe", "qwen2moe", "mixtral")
 DTYPES = ("f16", "q8_0")
-
+# llama-quantize's file types that need no importance matrix (the IQ1/IQ2 ones do, and we make none)
+QUANTIZE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S",
+                  "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_M", "MXFP4_MOE",
+                  "F16", "BF16")
+TENSOR_TYPE = re.compile(r"[A-Za-z0-9_.]+=[A-Za-z0-9_]+")  # llama-quantize --tensor-type NAME=TYPE
 
 
 @cache
@@ -36,6 +41,8 @@ class ModelSpec:
     ff: int = 512
     dtype: str = "q8_0"
     seed: int = 0
+    quantize: str = ""                  # a llama-quantize type (Q4_K_M, ...): the model passed through it
+    tensor_types: tuple[str, ...] = ()  # its --tensor-type NAME=TYPE overrides (dynamic-quant-like mixes)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -54,6 +61,13 @@ class ModelSpec:
             raise BevyError(f"--ff {self.ff} must be a multiple of 32 and at least 32")
         if self.seed < 0:
             raise BevyError(f"--seed {self.seed} must be >= 0")
+        if self.quantize and self.quantize not in QUANTIZE_TYPES:
+            raise BevyError(f"unknown --quantize {self.quantize!r}: choose one of {', '.join(QUANTIZE_TYPES)}")
+        for tt in self.tensor_types:
+            if not TENSOR_TYPE.fullmatch(tt):
+                raise BevyError(f"--tensor-type {tt!r} is not NAME=TYPE (e.g. ffn_down_exps=q6_k)")
+        if self.tensor_types and not self.quantize:
+            raise BevyError("--tensor-type needs --quantize TYPE (the types the rest of the model gets)")
 
     @property
     def head_dim(self) -> int:
@@ -66,10 +80,20 @@ class ModelSpec:
     @property
     def key(self) -> str:
         """A file-name-safe key naming these parameters and the recipe version."""
+        quant = f"-{self.quantize}" if self.quantize else ""
+        if self.tensor_types:
+            quant += "-tt" + hashlib.sha256("\n".join(self.tensor_types).encode()).hexdigest()[:8]
         return (
             f"{self.arch}-L{self.layers}-E{self.experts}-k{self.top_k}-D{self.embd}-F{self.ff}"
-            f"-{self.dtype}-s{self.seed}-{recipe_digest()}"
+            f"-{self.dtype}-s{self.seed}{quant}-{recipe_digest()}"
         )
 
+    @property
+    def base(self) -> ModelSpec:
+        """The model llama-quantize starts from (this one, if it is not quantized)."""
+        return ModelSpec(self.arch, self.layers, self.experts, self.top_k, self.embd, self.ff, self.dtype, self.seed)
+
     def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+        d = asdict(self)
+        d["tensor_types"] = ",".join(self.tensor_types)
+        return d

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import gguf
 import pytest
-from conftest import run_cli, run_json, tiny_spec
+from conftest import quant_spec, run_cli, run_json, tiny_spec
 
 from bevy_gguf.errors import BevyError
 from bevy_gguf.gguf_info import inspect_model
@@ -78,7 +78,42 @@ def test_make_model_cli_writes_out(tmp_path: Path) -> None:
     assert inspect_model(out).n_expert == 4
 
 
+def expert_types(path: Path) -> dict[str, set[str]]:
+    types: dict[str, set[str]] = {}
+    for t in inspect_model(path).expert_tensors:
+        types.setdefault(t.kind, set()).add(t.ggml_type)
+    return types
+
+
+def test_quantized_by_llama_quantize() -> None:
+    """--quantize Q4_K_M: llama-quantize's own mix (ffn_down Q6_K in some layers, Q4_K in the
+    others), the default alignment of real files, loadable by stock llama.cpp."""
+    path = ensure_model(quant_spec("Q4_K_M"), progress=False)
+    assert expert_types(path) == {"gate": {"Q4_K"}, "up": {"Q4_K"}, "down": {"Q4_K", "Q6_K"}}
+    reader = gguf.GGUFReader(path)
+    assert reader.alignment == 32
+    assert bytes(reader.fields["bevy.quantize"].parts[-1]).decode() == "Q4_K_M"
+    doc = run_json("run", path, "-p", "Hello", "--engine", "stock", "--parallel", "1", "-n", "4")
+    assert len(doc["requests"][0]["tokens"]) == 4
+
+
+def test_tensor_types_make_a_mix() -> None:
+    path = ensure_model(quant_spec("Q4_0", arch="mixtral", tensor_types=("ffn_up_exps=q8_0",)), progress=False)
+    assert expert_types(path) == {"gate": {"Q4_0"}, "up": {"Q8_0"}, "down": {"Q4_0"}}
+
+
+def test_llama_quantize_failure_is_one_line(tmp_path: Path) -> None:
+    proc = run_cli("make-model", tmp_path / "m.gguf", "--layers", "2", "--experts", "4", "--top-k", "2",
+                   "--embd", "256", "--ff", "256", "--quantize", "q4_k_m", "--tensor-type", "ffn_down_exps=zz",
+                   check=False)
+    assert proc.returncode != 0 and "invalid ggml_type 'zz'" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("kw,fragment", [
+    ({"quantize": "Q4_K_X"}, "unknown --quantize"), ({"quantize": "Q4_0", "tensor_types": ("down",)}, "NAME=TYPE"),
+    ({"tensor_types": ("ffn_down_exps=q6_k",)}, "needs --quantize"),
     ({"arch": "gpt2"}, "unknown arch"), ({"dtype": "q4_0"}, "unknown dtype"), ({"top_k": 9, "experts": 8}, "--top-k"),
     ({"embd": 100}, "--embd"), ({"ff": 16}, "--ff"), ({"layers": 0}, "--layers"),
 ])
