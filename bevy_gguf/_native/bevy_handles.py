@@ -193,8 +193,8 @@ class NativeCache:
         if lib.bevy_cache_set_source(self.handle, il, kind, offset) != 0:
             raise BevyError(lib.last_error())
 
-    def slot_data(self, kind: int) -> int:
-        ptr = lib.bevy_cache_slot_data(self.handle, kind)
+    def slot_data(self, kind: int, slot_class: int = 0) -> int:
+        ptr = lib.bevy_cache_class_data(self.handle, slot_class, kind)
         if not ptr:
             raise BevyError(lib.last_error())
         return ptr

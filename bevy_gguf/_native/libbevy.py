@@ -97,6 +97,7 @@ class BevyMoeCall(ctypes.Structure):
 
 
 MAX_KINDS = 8  # BEVY_MAX_KINDS
+MAX_CLASSES = 16  # BEVY_MAX_CLASSES
 
 
 class BevyCacheParams(ctypes.Structure):
@@ -112,6 +113,10 @@ class BevyCacheParams(ctypes.Structure):
         ("n_workers", c_int32),
         ("wait_timeout_ms", c_int32),
         ("seed", c_uint64),
+        ("n_classes", c_int32),
+        ("class_slots", c_int64 * MAX_CLASSES),
+        ("class_kind_bytes", (c_uint64 * MAX_KINDS) * MAX_CLASSES),
+        ("layer_class", POINTER(c_int32)),
     ]
 
 
@@ -144,7 +149,7 @@ class BevyPass(ctypes.Structure):
 
 POLICIES = {"lru": 0, "next-use": 1, "random": 2}  # enum bevy_policy
 EVENT_WAIT, EVENT_COMPUTE, EVENT_LOAD = 0, 1, 2    # enum bevy_event_kind
-_CONSTANTS = {"BEVY_MAX_KINDS": MAX_KINDS, "BEVY_POLICY_LRU": POLICIES["lru"],
+_CONSTANTS = {"BEVY_MAX_KINDS": MAX_KINDS, "BEVY_MAX_CLASSES": MAX_CLASSES, "BEVY_POLICY_LRU": POLICIES["lru"],
               "BEVY_POLICY_NEXT_USE": POLICIES["next-use"], "BEVY_POLICY_RANDOM": POLICIES["random"],
               "BEVY_EVENT_WAIT": EVENT_WAIT, "BEVY_EVENT_COMPUTE": EVENT_COMPUTE, "BEVY_EVENT_LOAD": EVENT_LOAD}
 
@@ -342,6 +347,13 @@ def bevy_cache_set_source(cache: BevyCache, il: int, kind: int, offset: int, /) 
 @_bind("bevy_cache_slot_data", [BevyCache, c_int32], c_void_p)
 def bevy_cache_slot_data(cache: BevyCache, kind: int, /) -> int | None:
     """The slots of one kind (slot s at + s * kind_bytes); NULL for a bad kind."""
+    ...
+
+
+# void * bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind);
+@_bind("bevy_cache_class_data", [BevyCache, c_int32, c_int32], c_void_p)
+def bevy_cache_class_data(cache: BevyCache, c: int, kind: int, /) -> int | None:
+    """The slots of one kind of slot class c (its slot s at + (s - its first) * its kind bytes)."""
     ...
 
 

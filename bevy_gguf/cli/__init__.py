@@ -105,7 +105,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def print_cache_summary(cache: dict) -> None:
     from bevy_gguf.engine.stats import hit_rate
 
-    print(f"scheduler {cache['scheduler']}, expert cache {cache['bytes'] / 2**20:.1f} MiB = {cache['slots']} slots, "
+    classes = cache["class_slots"]
+    in_classes = f" in {len(classes)} slot classes ({', '.join(map(str, classes))})" if len(classes) > 1 else ""
+    print(f"scheduler {cache['scheduler']}, expert cache {cache['bytes'] / 2**20:.1f} MiB = {cache['slots']} slots"
+          f"{in_classes}, "
           f"micro-batch {cache['micro_batch']} tokens, link: {cache['link']}")
     print(f"{'layer':>5} {'hits':>7} {'misses':>7} {'hit%':>6} {'MB loaded':>10} {'stall s':>8}")
     for il, c in enumerate(cache["layers"]):

@@ -1,7 +1,15 @@
-"""How one model's routed experts are laid out in cache slots (pure: no native code)."""
+"""How one model's routed experts are laid out in cache slots (pure: no native code).
+
+A slot holds one expert of one layer: every kind of it (gate, up, down, ...). Layers whose
+experts have the same bytes per kind share a slot class; a model from llama-quantize's mixes
+has several (Q4_K_M: ffn_down Q6_K in some layers, Q4_K in the others). Each class gets its own
+slots, and the byte budget is split so that every class holds the same share of its experts
+(layers are visited alike, so no class is starved), each at least one token's experts.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from bevy_gguf.errors import BevyError
@@ -9,14 +17,28 @@ from bevy_gguf.gguf_info import ModelInfo
 
 # the order of kinds in a slot (any fixed order works; the patch matches them by name)
 KIND_ORDER = ("gate", "up", "down", "gate_up", "gate.scale", "up.scale", "down.scale", "gate_up.scale")
+MAX_CLASSES = 16  # libbevy's BEVY_MAX_CLASSES
+
+
+@dataclass(frozen=True, slots=True)
+class SlotClass:
+    """The slots of the layers whose experts have these bytes per kind."""
+
+    kind_bytes: tuple[int, ...]  # one expert, per kind (in CacheLayout.kinds order)
+    layers: tuple[int, ...]      # ascending
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.kind_bytes)
 
 
 @dataclass(frozen=True, slots=True)
 class CacheLayout:
-    """How one expert is stored: its kinds, the bytes of each, and where each layer's lie."""
+    """How one expert is stored: its kinds, the bytes of each per slot class, and where each layer's lie."""
 
     kinds: tuple[str, ...]
-    kind_bytes: tuple[int, ...]
+    classes: tuple[SlotClass, ...]
+    layer_class: tuple[int, ...]          # per layer: its class
     sources: dict[tuple[int, int], int]  # (layer, kind index) -> file offset of expert 0
     n_layer: int
     n_expert: int
@@ -24,33 +46,85 @@ class CacheLayout:
 
     @property
     def slot_bytes(self) -> int:
-        return sum(self.kind_bytes)
+        """Bytes of one expert: of the only class, or on average over the model's experts."""
+        if len(self.classes) == 1:
+            return self.classes[0].bytes
+        return self.expert_bytes // (self.n_layer * self.n_expert)
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of every routed expert of the model."""
+        return sum(c.bytes * len(c.layers) * self.n_expert for c in self.classes)
+
+    def layer_kind_bytes(self, il: int) -> tuple[int, ...]:
+        return self.classes[self.layer_class[il]].kind_bytes
 
     @classmethod
     def of(cls, info: ModelInfo) -> CacheLayout:
         kinds = tuple(k for k in KIND_ORDER if any(t.kind == k for t in info.expert_tensors))
-        kind_bytes: dict[str, int] = {}
+        per_layer: dict[int, dict[str, int]] = {}
         sources = {}
         for t in info.expert_tensors:
             if t.n_expert != info.n_expert or t.nbytes % t.n_expert:
                 raise BevyError(f"{t.name} has {t.n_expert} experts, the model {info.n_expert}: not supported")
-            per_expert = t.nbytes // t.n_expert
-            if kind_bytes.setdefault(t.kind, per_expert) != per_expert:
-                raise BevyError(f"{t.name} differs in size from other layers' {t.kind} experts: "
-                                "one expert cache cannot hold both (not supported yet)")
+            per_layer.setdefault(t.layer, {})[t.kind] = t.nbytes // t.n_expert
             sources[(t.layer, kinds.index(t.kind))] = t.offset
-        return cls(kinds, tuple(kind_bytes[k] for k in kinds), sources, info.n_layer, info.n_expert,
-                   info.n_expert_used)
+        signatures: list[tuple[int, ...]] = []
+        layer_class = []
+        for il in range(info.n_layer):
+            got = per_layer.get(il, {})
+            if set(got) != set(kinds):
+                missing = ", ".join(sorted(set(kinds) - set(got)))
+                raise BevyError(f"layer {il} lacks the {missing} expert tensors the other layers have: not supported")
+            sig = tuple(got[k] for k in kinds)
+            if sig not in signatures:
+                signatures.append(sig)
+            layer_class.append(signatures.index(sig))
+        if len(signatures) > MAX_CLASSES:
+            raise BevyError(f"the experts come in {len(signatures)} layouts across layers: "
+                            f"one expert cache serves at most {MAX_CLASSES}")
+        classes = tuple(SlotClass(sig, tuple(il for il, c in enumerate(layer_class) if c == i))
+                        for i, sig in enumerate(signatures))
+        return cls(kinds, classes, tuple(layer_class), sources, info.n_layer, info.n_expert, info.n_expert_used)
 
     def min_slots(self, tokens: int = 1, contexts: int = 1) -> int:
-        """Slots that `contexts` contexts pin at once, each computing a micro-batch of `tokens`
-        tokens (each pins its layer's union)."""
+        """Slots of each class that `contexts` contexts pin at once, each computing a micro-batch
+        of `tokens` tokens (each pins its layer's union)."""
         return contexts * min(self.n_expert, self.top_k * tokens)
+
+    def min_bytes(self) -> int:
+        """The smallest budget: every class holds one token's experts."""
+        return sum(self.min_slots(1) * c.bytes for c in self.classes)
+
+    def class_slots(self, budget_bytes: int) -> tuple[int, ...]:
+        """Slots per class for a byte budget: the same share of each class's experts, at least
+        min_slots(1) each, the rest of the budget filled (bytes allocated <= budget_bytes, less
+        than one slot of each class left over). Below min_bytes(), the classes' minimums (the
+        caller refuses such a budget)."""
+        caps = [len(c.layers) * self.n_expert for c in self.classes]
+        share = min(1.0, budget_bytes / self.expert_bytes)
+        floor = [min(cap, self.min_slots(1)) for cap in caps]
+        slots = [max(f, min(cap, math.floor(share * cap))) for f, cap in zip(floor, caps)]
+
+        def used() -> int:
+            return sum(n * c.bytes for n, c in zip(slots, self.classes))
+
+        while used() > budget_bytes:  # the minimums raised some: take from the fullest others
+            over = [i for i, n in enumerate(slots) if n > floor[i]]
+            if not over:
+                break
+            slots[max(over, key=lambda i: slots[i] / caps[i])] -= 1
+        while True:  # what is left: one more slot to the emptiest class it fits
+            room = budget_bytes - used()
+            fits = [i for i, c in enumerate(self.classes) if slots[i] < caps[i] and c.bytes <= room]
+            if not fits:
+                return tuple(slots)
+            slots[min(fits, key=lambda i: slots[i] / caps[i])] += 1
 
     def micro_batch(self, n_slots: int, limit: int, contexts: int = 1) -> int:
         """The largest micro-batch (tokens per ubatch, at most limit) such that the worst-case
-        unions of `contexts` contexts fit in n_slots together: no context can then wait for a
-        slot that another holds."""
+        unions of `contexts` contexts fit in n_slots (of the smallest class) together: no
+        context can then wait for a slot that another holds."""
         share = n_slots // contexts
         if share >= self.n_expert:
             return limit

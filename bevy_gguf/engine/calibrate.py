@@ -114,9 +114,9 @@ def calibration_layers(cache: ExpertCache, n_seq: int) -> int:
     it reads, nor fail for want of slots)."""
     layout = cache.layout
     per_layer = min(layout.n_expert, n_seq * layout.top_k)
-    if layout.n_layer * per_layer <= cache.n_slots:
+    if all(len(c.layers) * per_layer <= n for c, n in zip(layout.classes, cache.class_slots)):
         return layout.n_layer
-    return 1 if 2 * per_layer <= cache.n_slots else 0
+    return 1 if 2 * per_layer <= cache.class_slots[layout.layer_class[0]] else 0
 
 
 def choose_lanes(model: Model, cache: ExpertCache, params: ContextParams, candidates: list[int]) -> tuple[int, dict]:
@@ -201,8 +201,8 @@ class _LinkStream:
         layout = cache.layout
         self.link = cache.native.link
         self.slot_bytes = layout.slot_bytes
-        self.reads = [(offset + e * layout.kind_bytes[kind], layout.kind_bytes[kind])
-                      for (_, kind), offset in layout.sources.items() for e in range(layout.n_expert)]
+        self.reads = [(offset + e * layout.layer_kind_bytes(il)[kind], layout.layer_kind_bytes(il)[kind])
+                      for (il, kind), offset in layout.sources.items() for e in range(layout.n_expert)]
         self._cv = threading.Condition()
         self._go = self._quit = False
         self._active = 0

@@ -164,6 +164,7 @@ class LLMEngine:
         c = self.cache
         models = getattr(self.runner, "cost_models", [])
         return {"scheduler": self.scheduler.name, "link": c.link_name, "bytes": c.budget_bytes, "slots": c.n_slots,
+                "class_slots": list(c.class_slots), "wasted_bytes": c.wasted_bytes,
                 "micro_batch": self.runner.micro_batch if self.runner else None, "decode": stats.decode_counters,
                 "total": c.counters(), "layers": [c.counters(il) for il in range(self.info.n_layer)],
                 "events": c.events() if events else [], "load_s": c.load_s(),

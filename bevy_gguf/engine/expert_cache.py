@@ -6,6 +6,7 @@ the handles behind it are bevy_handles'.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -37,19 +38,30 @@ class ExpertCache:
             raise BevyError(f"{len(layout.kinds)} expert tensor kinds: at most {libbevy.MAX_KINDS} are supported")
         if policy not in libbevy.POLICIES:
             raise BevyError(f"unknown eviction policy {policy!r}: choose one of {', '.join(libbevy.POLICIES)}")
-        n_total = layout.n_layer * layout.n_expert
-        self.n_slots = min(budget_bytes // layout.slot_bytes, n_total)
-        minimum = layout.min_slots(1) * layout.slot_bytes
-        if self.n_slots < layout.min_slots(1):
+        minimum = layout.min_bytes()
+        if budget_bytes < minimum:
+            per = " + ".join(f"{layout.min_slots(1)} x {c.bytes}" for c in layout.classes)
             raise BevyError(f"--expert-cache of {budget_bytes} bytes is below the minimum of {minimum} bytes "
-                            f"({layout.top_k} experts of {layout.slot_bytes} bytes): raise it")
-        self.budget_bytes = self.n_slots * layout.slot_bytes
+                            f"({layout.top_k} experts of each layer's layout: {per} bytes): raise it")
+        self.class_slots = layout.class_slots(budget_bytes)  # per slot class (cache_layout.py)
+        self.n_slots = sum(self.class_slots)
+        self.min_class_slots = min(self.class_slots)  # what the schedulers' per-layer rules may count on
+        # bytes allocated; what the budget given leaves unused is waste (less than a slot per class)
+        self.budget_bytes = sum(n * c.bytes for n, c in zip(self.class_slots, layout.classes))
+        self.wasted_bytes = budget_bytes - self.budget_bytes
         self.n_workers = n_workers
         params = libbevy.bevy_cache_default_params()
         params.n_layer, params.n_expert, params.n_kinds = layout.n_layer, layout.n_expert, len(layout.kinds)
-        for i, b in enumerate(layout.kind_bytes):
+        for i, b in enumerate(layout.classes[0].kind_bytes):
             params.kind_bytes[i] = b
         params.n_slots = self.n_slots
+        params.n_classes = len(layout.classes)
+        for c, (n, sc) in enumerate(zip(self.class_slots, layout.classes)):
+            params.class_slots[c] = n
+            for i, b in enumerate(sc.kind_bytes):
+                params.class_kind_bytes[c][i] = b
+        layer_class = (ctypes.c_int32 * layout.n_layer)(*layout.layer_class)
+        params.layer_class = ctypes.cast(layer_class, ctypes.POINTER(ctypes.c_int32))  # copied by bevy_cache_new
         params.policy = libbevy.POLICIES[policy]
         params.n_workers = n_workers
         params.wait_timeout_ms = int(wait_timeout_s * 1000)
@@ -65,9 +77,12 @@ class ExpertCache:
     def require_slots(self, contexts: int) -> None:
         """Refuse a cache too small for `contexts` contexts decoding one token each."""
         need = self.layout.min_slots(1, contexts)
-        if self.n_slots < need:
-            raise BevyError(f"an expert cache of {self.budget_bytes} bytes holds {self.n_slots} experts; "
-                            f"{contexts} contexts need at least {need} ({need * self.layout.slot_bytes} bytes): "
+        if self.min_class_slots < need:
+            bytes_needed = sum(need * c.bytes for c in self.layout.classes)
+            held = (f"{self.n_slots} experts" if len(self.class_slots) == 1 else
+                    f"{self.min_class_slots} experts of its smallest slot class")
+            raise BevyError(f"an expert cache of {self.budget_bytes} bytes holds {held}; "
+                            f"{contexts} contexts need at least {need} ({bytes_needed} bytes): "
                             "raise --expert-cache or lower --parallel")
 
     def enable_prefetch(self, model_path: str) -> None:
@@ -87,12 +102,17 @@ class ExpertCache:
         hook.set_prefetch(prefetch)
         hook.set_gated(True)
         llama_ext.set_moe_hook(ctx.lib, ctx.ptr, hook.fn, hook.user_data, want_router_in=prefetch)
-        tensors = (llama_ext.LlamaMoeCacheTensor * len(self.layout.kinds))()
-        for i, (kind, nbytes) in enumerate(zip(self.layout.kinds, self.layout.kind_bytes)):
-            tensors[i].kind = kind.encode()
-            tensors[i].data = self.native.slot_data(i)
-            tensors[i].nbytes = nbytes * self.n_slots
-        if llama_ext.set_moe_cache(ctx.lib, ctx.ptr, tensors, self.n_slots) != 0:
+        layout = self.layout
+        # one entry per (layer, kind): each layer reads the slots of its class, in its own type
+        tensors = (llama_ext.LlamaMoeCacheTensor * (layout.n_layer * len(layout.kinds)))()
+        for il in range(layout.n_layer):
+            c = layout.layer_class[il]
+            for i, (kind, nbytes) in enumerate(zip(layout.kinds, layout.classes[c].kind_bytes)):
+                t = tensors[il * len(layout.kinds) + i]
+                t.kind, t.il, t.n_slots = kind.encode(), il, self.class_slots[c]
+                t.data = self.native.slot_data(i, c)
+                t.nbytes = nbytes * self.class_slots[c]
+        if llama_ext.set_moe_cache(ctx.lib, ctx.ptr, tensors, max(self.class_slots)) != 0:
             raise BevyError("llama.cpp refused the expert cache for this model (its log says why)")
         llama_ext.set_two_pass(ctx.lib, ctx.ptr, two_pass)
         ctx.explain_failure = hook.last_error

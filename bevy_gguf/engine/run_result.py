@@ -41,6 +41,8 @@ class RunResult:
                       "stall_s": round(c.get("stall_ns", 0) / 1e9, 6), "link": self.cache["link"],
                       "scheduler": self.cache["scheduler"], "expert_cache_bytes": self.cache["bytes"],
                       "expert_cache_slots": self.cache["slots"], "micro_batch": self.cache["micro_batch"],
+                      "slot_classes": self.cache["class_slots"],
+                      "expert_cache_wasted_bytes": self.cache["wasted_bytes"],
                       "total": self.cache["total"], "link_load_s": self.cache["load_s"],
                       "cost_model": self.cache["cost_model"], "lane_seconds": self.cache["lane_seconds"]}
             stats |= {key: self.cache[key] for key in RUNNER_STATS}

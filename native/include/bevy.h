@@ -101,11 +101,16 @@ BEVY_API uint64_t    bevy_link_bounced(const bevy_link * link);
 BEVY_API int32_t     bevy_link_read(bevy_link * link, uint64_t offset, uint64_t nbytes, void * dst);
 
 //
-// Expert cache: one pool of slots in fast memory; slot s of kind k lives at
-// bevy_cache_slot_data(cache, k) + s * kind_bytes[k].
+// Expert cache: one pool of slots in fast memory, in slot classes: the layers whose experts
+// have the same bytes per kind share a class (a model from llama-quantize's mixes has several,
+// e.g. ffn_down Q6_K in some layers, Q4_K in others), and an expert of layer il takes a slot of
+// il's class. Class c owns slots [first_c, first_c + class_slots[c]) (first_c: the slots of
+// the classes before it); slot s of kind k lives at bevy_cache_class_data(cache, c, k) +
+// (s - first_c) * class_kind_bytes[c][k]. One class (n_classes 0): kind_bytes and n_slots.
 //
 
 #define BEVY_MAX_KINDS 8
+#define BEVY_MAX_CLASSES 16
 
 enum bevy_policy {
     BEVY_POLICY_LRU      = 0, // reference
@@ -123,6 +128,10 @@ typedef struct bevy_cache_params {
     int32_t  n_workers;                   // upload threads
     int32_t  wait_timeout_ms;             // a hook waiting longer fails its decode; 0 = no limit
     uint64_t seed;                        // for BEVY_POLICY_RANDOM
+    int32_t  n_classes;                   // slot classes; 0: one, of kind_bytes and n_slots
+    int64_t  class_slots[BEVY_MAX_CLASSES];                     // slots of each class (their sum: n_slots)
+    uint64_t class_kind_bytes[BEVY_MAX_CLASSES][BEVY_MAX_KINDS]; // bytes of one expert of each kind, per class
+    const int32_t * layer_class;          // n_layer entries: each layer's class (copied; NULL: every layer class 0)
 } bevy_cache_params;
 
 // The counters, X(name, what): per layer unless "totals only"; bevy_counter_name(i) names the
@@ -157,9 +166,12 @@ BEVY_API bevy_cache_params bevy_cache_default_params(void);
 // link is borrowed: it must outlive the cache
 BEVY_API bevy_cache * bevy_cache_new(const bevy_cache_params * params, bevy_link * link);
 BEVY_API void         bevy_cache_free(bevy_cache * cache);
-// expert e of kind k at layer il lies at offset + e * kind_bytes[k] of the slow tier
+// expert e of kind k at layer il lies at offset + e * (bytes of kind k in il's class) of the slow tier
 BEVY_API int32_t      bevy_cache_set_source(bevy_cache * cache, int32_t il, int32_t kind, uint64_t offset);
+// the slots of kind k of class 0 (of the only class, unless n_classes > 1); NULL on a bad kind
 BEVY_API void *       bevy_cache_slot_data(bevy_cache * cache, int32_t kind);
+// the slots of kind k of class c; NULL on a bad class or kind
+BEVY_API void *       bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind);
 // layer il's counters (il = -1: totals); -1 on a bad layer
 BEVY_API int32_t      bevy_cache_counters(const bevy_cache * cache, int32_t il, bevy_counters * out);
 // slots pinned right now (0 when no graph is running)

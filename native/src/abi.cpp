@@ -17,6 +17,7 @@ struct Entry {
 
 const Entry kEntries[] = {
     BEVY_CONSTANT(BEVY_MAX_KINDS),
+    BEVY_CONSTANT(BEVY_MAX_CLASSES),
     BEVY_CONSTANT(BEVY_POLICY_LRU),
     BEVY_CONSTANT(BEVY_POLICY_NEXT_USE),
     BEVY_CONSTANT(BEVY_POLICY_RANDOM),
@@ -47,6 +48,10 @@ const Entry kEntries[] = {
     BEVY_OFFSET(bevy_cache_params, n_workers),
     BEVY_OFFSET(bevy_cache_params, wait_timeout_ms),
     BEVY_OFFSET(bevy_cache_params, seed),
+    BEVY_OFFSET(bevy_cache_params, n_classes),
+    BEVY_OFFSET(bevy_cache_params, class_slots),
+    BEVY_OFFSET(bevy_cache_params, class_kind_bytes),
+    BEVY_OFFSET(bevy_cache_params, layer_class),
     BEVY_SIZE(bevy_counters),
     BEVY_SIZE(bevy_flight),
     BEVY_OFFSET(bevy_flight, layer),

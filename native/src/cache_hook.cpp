@@ -176,8 +176,9 @@ int32_t CacheHook::call(const bevy_moe_call * call) {
     rest_experts_.clear();
     rest_slots_.clear();
     rest_il_ = call->il;
+    const int64_t first = cache_->first_slot(call->il); // the layer's tensors index its class's slots
     for (size_t i = 0; i < distinct_.size(); ++i) {
-        slot_of_[distinct_[i]] = rc == 0 && ready_[i] ? slots_[i] : -1; // -1: pass 2 computes it
+        slot_of_[distinct_[i]] = rc == 0 && ready_[i] ? slots_[i] - first : -1; // -1: pass 2 computes it
         if (rc == 0 && !ready_[i]) {
             rest_experts_.push_back(distinct_[i]);
             rest_slots_.push_back(slots_[i]);
@@ -217,8 +218,9 @@ int32_t CacheHook::second_pass(const bevy_moe_call * call, int64_t t_enter) {
     if (call->il >= count_from_) {
         cache_->count_second_pass(call->il, (int64_t) rest_experts_.size());
     }
+    const int64_t first = cache_->first_slot(call->il);
     for (size_t i = 0; i < rest_experts_.size(); ++i) {
-        slot_of_[rest_experts_[i]] = rest_slots_[i];
+        slot_of_[rest_experts_[i]] = rest_slots_[i] - first;
     }
     const int32_t n_expert = (int32_t) slot_of_.size();
     for (int32_t t = 0; t < call->n_tokens; ++t) {

@@ -34,6 +34,21 @@ bevy_cache * bevy_cache_new(const bevy_cache_params * params, bevy_link * link) 
         for (int32_t k = 0; k < BEVY_MAX_KINDS; ++k) {
             cfg.kind_bytes[k] = params->kind_bytes[k];
         }
+        if (params->n_classes < 0 || params->n_classes > BEVY_MAX_CLASSES) {
+            last_error() = "bevy_cache_new: n_classes " + std::to_string(params->n_classes) + " is outside [0, " +
+                           std::to_string(BEVY_MAX_CLASSES) + "]";
+            return nullptr;
+        }
+        cfg.n_classes = params->n_classes;
+        for (int32_t c = 0; c < params->n_classes; ++c) {
+            cfg.class_slots[c] = params->class_slots[c];
+            for (int32_t k = 0; k < BEVY_MAX_KINDS; ++k) {
+                cfg.class_kind_bytes[c][k] = params->class_kind_bytes[c][k];
+            }
+        }
+        if (params->layer_class && params->n_layer > 0) {
+            cfg.layer_class.assign(params->layer_class, params->layer_class + params->n_layer);
+        }
         std::string err;
         auto cache = std::make_unique<bevy::ExpertCache>(cfg, link->link.get(), err);
         if (!cache->ok()) {
@@ -63,7 +78,15 @@ void * bevy_cache_slot_data(bevy_cache * cache, int32_t kind) {
         last_error() = "bevy_cache_slot_data: kind out of range";
         return nullptr;
     }
-    return cache->cache->slot_data(kind);
+    return cache->cache->slot_data(0, kind);
+}
+
+void * bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind) {
+    if (c < 0 || c >= cache->cache->n_classes() || kind < 0 || kind >= cache->cache->config().n_kinds) {
+        last_error() = "bevy_cache_class_data: class or kind out of range";
+        return nullptr;
+    }
+    return cache->cache->slot_data(c, kind);
 }
 
 int32_t bevy_cache_counters(const bevy_cache * cache, int32_t il, bevy_counters * out) {

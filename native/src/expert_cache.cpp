@@ -21,22 +21,64 @@ ExpertCache::ExpertCache(const CacheConfig & cfg, Link * link, std::string & err
         err = "bad cache parameters (layers, experts, kinds, slots and workers must be positive)";
         return;
     }
-    for (int32_t k = 0; k < cfg.n_kinds; ++k) {
-        slot_bytes_ += cfg.kind_bytes[k];
-        const uint64_t bytes = (uint64_t) cfg.n_slots * cfg.kind_bytes[k];
-        void * mem = bytes ? std::aligned_alloc(kSlotAlign, (bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign) : nullptr;
-        if (!mem) {
-            err = "cannot allocate " + std::to_string(bytes) + " bytes of expert cache";
-            return;
+    if (!make_classes(err)) {
+        return;
+    }
+    for (const SlotClass & c : classes_) {
+        for (int32_t k = 0; k < cfg.n_kinds; ++k) {
+            const uint64_t bytes = (uint64_t) c.n * c.kind_bytes[k];
+            void * mem = bytes ? std::aligned_alloc(kSlotAlign, (bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign) : nullptr;
+            if (!mem) {
+                err = "cannot allocate " + std::to_string(bytes) + " bytes of expert cache";
+                return;
+            }
+            // touch every page now: the kernel zeroes fresh pages on first touch, which would
+            // otherwise land on the loads (and stall decoding) instead of on start-up
+            std::memset(mem, 0, bytes);
+            memory_.push_back(mem);
         }
-        // touch every page now: the kernel zeroes fresh pages on first touch, which would
-        // otherwise land on the loads (and stall decoding) instead of on start-up
-        std::memset(mem, 0, bytes);
-        memory_.push_back(mem);
     }
     queue_ = std::make_unique<UploadQueue>(cfg.n_workers,
                                            [this](const LoadJob & job, int32_t worker) { return load(job, worker); });
     ok_    = true;
+}
+
+bool ExpertCache::make_classes(std::string & err) {
+    const int32_t n = std::max(cfg_.n_classes, 1);
+    int64_t first = 0;
+    for (int32_t c = 0; c < n; ++c) {
+        SlotClass sc;
+        sc.first = first;
+        sc.n     = cfg_.n_classes > 1 ? cfg_.class_slots[c] : cfg_.n_slots;
+        for (int32_t k = 0; k < cfg_.n_kinds; ++k) {
+            sc.kind_bytes[k] = cfg_.n_classes > 1 ? cfg_.class_kind_bytes[c][k] : cfg_.kind_bytes[k];
+            sc.bytes += sc.kind_bytes[k];
+        }
+        if (sc.n <= 0) {
+            err = "slot class " + std::to_string(c) + " has no slots";
+            return false;
+        }
+        first += sc.n;
+        classes_.push_back(sc);
+    }
+    if (first != cfg_.n_slots) {
+        err = "the slot classes hold " + std::to_string(first) + " slots, n_slots is " + std::to_string(cfg_.n_slots);
+        return false;
+    }
+    layer_class_ = cfg_.layer_class.empty() ? std::vector<int32_t>(cfg_.n_layer, 0) : cfg_.layer_class;
+    if ((int32_t) layer_class_.size() != cfg_.n_layer) {
+        err = "layer_class has " + std::to_string(layer_class_.size()) + " entries for " + std::to_string(cfg_.n_layer) + " layers";
+        return false;
+    }
+    for (int32_t il = 0; il < cfg_.n_layer; ++il) {
+        const int32_t c = layer_class_[il];
+        if (c < 0 || c >= n) {
+            err = "layer " + std::to_string(il) + " has slot class " + std::to_string(c) + ", outside [0, " + std::to_string(n) + ")";
+            return false;
+        }
+        dir_.set_layer_slots(il, classes_[c].first, classes_[c].first + classes_[c].n);
+    }
+    return true;
 }
 
 ExpertCache::~ExpertCache() {
@@ -54,10 +96,12 @@ bool ExpertCache::load(const LoadJob & queued, int32_t worker) {
     std::string err;
     bool ok = true;
     const int64_t t0 = now_ns();
+    const int32_t     c  = layer_class_[job.layer];
+    const SlotClass & sc = classes_[c];
     for (int32_t k = 0; k < cfg_.n_kinds && ok; ++k) {
-        const uint64_t nbytes = cfg_.kind_bytes[k];
+        const uint64_t nbytes = sc.kind_bytes[k];
         const uint64_t offset = sources_[(size_t) job.layer * cfg_.n_kinds + k] + (uint64_t) job.expert * nbytes;
-        char * dst = static_cast<char *>(memory_[k]) + (uint64_t) job.slot * nbytes;
+        char * dst = static_cast<char *>(slot_data(c, k)) + (uint64_t) (job.slot - sc.first) * nbytes;
         ok = link_->read(offset, nbytes, dst, err);
     }
     events_.add({kEventLoad, worker, job.layer, job.expert, t0, now_ns()});
@@ -158,9 +202,9 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
         int64_t s;
         bool evicted = false;
         while ((s = dir_.assign(il, e, now, &evicted, upcoming_)) < 0) {
-            if (pinned_ <= (int64_t) pins.size() && !dir_.any_loading()) { // nothing will free a slot
-                err = "the expert cache has " + std::to_string(cfg_.n_slots) + " slots but layer " +
-                      std::to_string(il) + " needs more than that at once: raise --expert-cache";
+            if (pinned_ <= (int64_t) pins.size() && !dir_.any_loading(il)) { // nothing will free a slot
+                err = "the expert cache has " + std::to_string(classes_[layer_class_[il]].n) + " slots for layer " +
+                      std::to_string(il) + "'s experts, which needs more than that at once: raise --expert-cache";
                 return -1;
             }
             if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
@@ -169,7 +213,7 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
         }
         lc.misses += req.count;
         lc.loads++;
-        lc.bytes_loaded += slot_bytes_;
+        lc.bytes_loaded += expert_bytes(il);
         lc.evictions += evicted ? 1 : 0;
         queue_->push({s, il, e, req.priority});
         dir_.pin(s);
@@ -200,7 +244,7 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
         Counters & nc = layer_counters_[il_next];
         nc.loads++;
         nc.prefetch_loads++;
-        nc.bytes_loaded += slot_bytes_;
+        nc.bytes_loaded += expert_bytes(il_next);
         nc.evictions += evicted ? 1 : 0;
         queue_->push({s, il_next, e, (1ull << 62) | req.priority});
     }
@@ -339,7 +383,7 @@ bool ExpertCache::assign_deferred(LoadJob & job) {
     }
     Counters & lc = layer_counters_[job.layer];
     lc.loads++;
-    lc.bytes_loaded += slot_bytes_;
+    lc.bytes_loaded += expert_bytes(job.layer);
     lc.evictions += evicted ? 1 : 0;
     const int32_t key = job.layer * cfg_.n_expert + job.expert;
     if (job.owner >= 0 && (size_t) job.owner < reserved_.size() && holding_[job.owner] &&

@@ -19,6 +19,7 @@
 namespace bevy {
 
 constexpr int32_t kMaxKinds = BEVY_MAX_KINDS;
+constexpr int32_t kMaxClasses = BEVY_MAX_CLASSES;
 constexpr int32_t kMaxOwners = 64; // schedulers sharing one cache
 
 struct CacheConfig {
@@ -31,6 +32,11 @@ struct CacheConfig {
     int32_t  n_workers       = 1;
     int32_t  wait_timeout_ms = 0;
     uint64_t seed            = 0;
+    // slot classes (bevy.h): 0 or 1 means one, of kind_bytes and n_slots
+    int32_t  n_classes       = 0;
+    int64_t  class_slots[kMaxClasses] = {};
+    uint64_t class_kind_bytes[kMaxClasses][kMaxKinds] = {};
+    std::vector<int32_t> layer_class; // per layer (empty: every layer class 0)
 };
 
 // bevy.h's counters (BEVY_COUNTERS); a default-constructed one is all zeros
@@ -57,9 +63,12 @@ public:
     const CacheConfig & config() const { return cfg_; }
     bool ok() const { return ok_; }
 
-    // expert e of kind k at layer il lies at offset + e * kind_bytes[k] in the slow tier
+    // expert e of kind k at layer il lies at offset + e * (kind k's bytes in il's class) in the slow tier
     void  set_source(int32_t il, int32_t kind, uint64_t offset) { sources_[(size_t) il * cfg_.n_kinds + kind] = offset; }
-    void * slot_data(int32_t kind) const { return memory_[kind]; }
+    void * slot_data(int32_t c, int32_t kind) const { return memory_[(size_t) c * cfg_.n_kinds + kind]; }
+    int32_t n_classes() const { return (int32_t) classes_.size(); }
+    // the first slot of layer il's class: the tensors of il's layout index slots from there
+    int64_t first_slot(int32_t il) const { return classes_[layer_class_[il]].first; }
 
     // Pin a slot for each of the n distinct experts of layer il (appending them to pins), issue
     // the prefetch loads, and wait until the pinned slots are loaded; slots[i] is experts[i]'s.
@@ -124,6 +133,7 @@ public:
     int64_t  load_ns() const { return queue_->job_ns(); }
 
 private:
+    bool make_classes(std::string & err); // classes_ and layer_class_ from the config; false (err set) if inconsistent
     std::chrono::steady_clock::time_point wait_deadline() const; // now + the wait timeout (or never)
     bool valid_layer(int32_t il, std::string & err) const;  // false (err set) outside the cache's layers
     int32_t timed_out(const char * what, int32_t il, std::string & err) const; // -1, err: a wait for `what` timed out
@@ -146,7 +156,15 @@ private:
     CacheConfig             cfg_;
     Link *                  link_;
     bool                    ok_ = false;
-    std::vector<void *>     memory_;   // per kind: n_slots * kind_bytes
+    struct SlotClass {
+        int64_t  first = 0;                 // its slots: [first, first + n)
+        int64_t  n     = 0;
+        uint64_t kind_bytes[kMaxKinds] = {}; // one expert, per kind
+        uint64_t bytes = 0;                  // one expert, all kinds
+    };
+    std::vector<SlotClass>  classes_;
+    std::vector<int32_t>    layer_class_; // per layer
+    std::vector<void *>     memory_;   // per (class, kind): its slots * its kind bytes
     std::vector<uint64_t>   sources_;  // per (layer, kind)
 
     mutable std::mutex      mutex_;
@@ -157,7 +175,7 @@ private:
     std::vector<uint8_t>    used_;       // scratch: experts used at this visit
     std::vector<std::string> load_errors_; // per slot: why its load failed
     std::vector<uint8_t>    requested_;  // per (layer, expert): a slotless load of it is queued
-    uint64_t                slot_bytes_ = 0; // one expert, all kinds
+    uint64_t expert_bytes(int32_t il) const { return classes_[layer_class_[il]].bytes; } // one expert of layer il
     std::vector<int32_t>    positions_;  // per registered context: the layer it computes (-1: idle)
     std::vector<std::vector<int32_t>> upcoming_by_; // per owner: layers its flights compute next
     std::vector<int32_t>    upcoming_;   // every owner's together

@@ -12,7 +12,8 @@ constexpr float kFreqInit  = 0.1f;
 
 SlotDirectory::SlotDirectory(int32_t n_layer, int32_t n_expert, int64_t n_slots, Policy policy, uint64_t seed)
     : n_layer_(n_layer), n_expert_(n_expert), policy_(policy), slots_(n_slots),
-      key_slot_((size_t) n_layer * n_expert, -1), freq_((size_t) n_layer * n_expert, kFreqInit), rng_(seed) {}
+      layer_slots_(std::max(n_layer, 0), { 0, n_slots }), key_slot_((size_t) n_layer * n_expert, -1),
+      freq_((size_t) n_layer * n_expert, kFreqInit), rng_(seed) {}
 
 double SlotDirectory::next_use(int32_t k, const std::vector<int32_t> & now, const std::vector<int32_t> & upcoming) const {
     // layers still to visit before layer il comes round again (for the context that gets there
@@ -38,7 +39,8 @@ int64_t SlotDirectory::assign(int32_t il, int32_t e, const std::vector<int32_t> 
     int64_t best       = -1;
     double  best_score = 0;
     int64_t n_free     = 0;
-    for (int64_t s = 0; s < (int64_t) slots_.size(); ++s) {
+    const auto [begin, end] = layer_slots_[il];
+    for (int64_t s = begin; s < end; ++s) {
         const Slot & slot = slots_[s];
         if (slot.pins > 0) {
             continue;
@@ -81,8 +83,9 @@ int64_t SlotDirectory::assign(int32_t il, int32_t e, const std::vector<int32_t> 
     return best;
 }
 
-bool SlotDirectory::any_loading() const {
-    return std::any_of(slots_.begin(), slots_.end(), [](const Slot & s) { return s.state == SlotState::Loading; });
+bool SlotDirectory::any_loading(int32_t il) const {
+    const auto [begin, end] = layer_slots_[il];
+    return std::any_of(slots_.begin() + begin, slots_.begin() + end, [](const Slot & s) { return s.state == SlotState::Loading; });
 }
 
 void SlotDirectory::clear(int64_t slot) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace bevy {
@@ -32,16 +33,19 @@ public:
     // slot holding (il, e), or -1
     int64_t find(int32_t il, int32_t e) const { return key_slot_[key(il, e)]; }
 
-    // A slot to reuse for (il, e): an empty one, else the policy's victim among the unpinned
-    // ready slots. Next use is the soonest visit of a layer by any context computing a layer
+    // layer il's experts take slots [begin, end) (its slot class; default: every slot)
+    void set_layer_slots(int32_t il, int64_t begin, int64_t end) { layer_slots_[il] = { begin, end }; }
+
+    // A slot to reuse for (il, e) among il's slots: an empty one, else the policy's victim among
+    // the unpinned ready slots. Next use is the soonest visit of a layer by any context computing a layer
     // in `now` or waiting to compute a layer in `upcoming`. -1 when every slot is pinned or
     // loading. The slot is unmapped from its old expert and mapped to (il, e), state Loading.
     int64_t assign(int32_t il, int32_t e, const std::vector<int32_t> & now, bool * evicted,
                    const std::vector<int32_t> & upcoming = {});
 
     void set_state(int64_t slot, SlotState s) { slots_[slot].state = s; }
-    // is some slot loading (it becomes evictable when its load completes)?
-    bool any_loading() const;
+    // is some slot of layer il's loading (it becomes evictable when its load completes)?
+    bool any_loading(int32_t il) const;
     SlotState state(int64_t slot) const { return slots_[slot].state; }
 
     // forget the expert of a slot (a failed load)
@@ -72,6 +76,7 @@ private:
     int32_t              n_expert_;
     Policy               policy_;
     std::vector<Slot>    slots_;
+    std::vector<std::pair<int64_t, int64_t>> layer_slots_; // per layer: the slots its experts may take
     std::vector<int64_t> key_slot_;
     std::vector<float>   freq_;  // per key: moving average of "used at a visit of its layer"
     uint64_t             clock_ = 0;

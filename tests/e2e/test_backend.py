@@ -48,7 +48,7 @@ def test_two_passes_are_bit_identical_to_stock(tmp_path: Path, tiny_model: Path,
 
 def test_a_batch_that_cannot_fit_fails_with_a_clear_error(tmp_path: Path, qwen3_tiny: Path) -> None:
     result, _ = probe_logits(tmp_path, "patched", qwen3_tiny, "none", "--cache", "25%")
-    assert "has 4 slots but layer" in result["error"] and "raise --expert-cache" in result["error"]
+    assert "has 4 slots for layer" in result["error"] and "raise --expert-cache" in result["error"]
 
 
 def workload_run(model: Path, *extra: str) -> dict:

@@ -109,3 +109,27 @@ def test_a_queued_load_no_flight_wants_any_more_is_not_held(qwen3_tiny: Path) ->
         assert cache.counters(1)["loads"] == 4
         assert cache.pinned() == 0  # the old rule held those taken after the refresh
         assert refresh(cache, [(1, [0, 1, 2, 3], True, False)]) == [0]  # loaded all the same
+
+
+def test_slot_classes_evict_only_within_a_class() -> None:
+    """Q4_K_M's two layouts (ffn_down Q4_K in layers 0-1, Q6_K in 2-3) at the minimum: two slots
+    per class. Loads of layer 1 evict layer 0's experts, never layer 2's; bytes count each
+    class's own size."""
+    from conftest import quant_spec
+
+    from bevy_gguf.synth import ensure_model
+
+    info = inspect_model(ensure_model(quant_spec("Q4_K_M", experts=16), progress=False))
+    layout = CacheLayout.of(info)
+    assert layout.layer_class == (0, 0, 1, 1)
+    with ExpertCache(info, layout.min_bytes(), LinkSpec.parse("ram")) as cache:
+        assert cache.class_slots == (2, 2) and cache.wasted_bytes == 0
+        assert settle(cache, [(0, [0, 1], True, False)], [0]) == [0]
+        assert settle(cache, [(2, [0, 1], True, False)], [0]) == [0]  # the other class: nothing evicted
+        assert cache.counters()["evictions"] == 0
+        assert settle(cache, [(1, [3, 4], True, False)], [0]) == [0]  # class 0 is full: layer 0's go
+        assert cache.counters()["evictions"] == 2
+        assert refresh(cache, [(2, [0, 1], False, False), (0, [0, 1], False, False)]) == [0, 2]
+        c0, c2 = cache.counters(0), cache.counters(2)
+        assert c0["bytes_loaded"] == 2 * layout.classes[0].bytes and c2["bytes_loaded"] == 2 * layout.classes[1].bytes
+        assert layout.classes[0].bytes != layout.classes[1].bytes

@@ -4,7 +4,7 @@ usage: engine_probe.py MODEL SCHEDULER CACHE PARALLEL SPEC.json
 SPEC: {"prompts": [...], "max_tokens": n, "stop": [...], "bad": [indices of requests given an
 invalid token], "eviction": "...", "seed": n, "cancel": [[request, step], ...] (bevy: cancel a
 request before that scheduling step, wherever its token stands), "threads": n (default 2),
-"link": "..." (default file)}
+"link": "..." (default file), "flash_attn": "auto|on|off" (default auto)}
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ def main() -> int:
     spec = json.loads(Path(sys.argv[5]).read_text())
     config = EngineConfig(model=model_path, scheduler=scheduler, expert_cache=size, n_parallel=parallel,
                           n_threads=spec.get("threads", 2), link=spec.get("link", "file"),
-                          eviction=spec.get("eviction", "next-use"), wait_timeout_s=60, seed=spec.get("seed", 0))
+                          eviction=spec.get("eviction", "next-use"), wait_timeout_s=60, seed=spec.get("seed", 0),
+                          flash_attn=spec.get("flash_attn", "auto"))
     with LLMEngine(config) as engine:
         requests = []
         for i, p in enumerate(spec["prompts"]):

@@ -9,8 +9,15 @@ import pytest
 from bevy_gguf.engine import calibrate
 
 
-def cache(n_slots: int, n_layer: int = 8, n_expert: int = 64, top_k: int = 8) -> SimpleNamespace:
-    return SimpleNamespace(n_slots=n_slots, layout=SimpleNamespace(n_layer=n_layer, n_expert=n_expert, top_k=top_k))
+def cache(n_slots: int, n_layer: int = 8, n_expert: int = 64, top_k: int = 8,
+          classes: tuple[tuple[int, ...], ...] | None = None, class_slots: tuple[int, ...] | None = None
+          ) -> SimpleNamespace:
+    """A cache of one slot class (or of classes: their layers, and slots)."""
+    classes = classes or (tuple(range(n_layer)),)
+    layer_class = [next(c for c, layers in enumerate(classes) if il in layers) for il in range(n_layer)]
+    layout = SimpleNamespace(n_layer=n_layer, n_expert=n_expert, top_k=top_k, layer_class=layer_class,
+                             classes=[SimpleNamespace(layers=layers) for layers in classes])
+    return SimpleNamespace(n_slots=n_slots, class_slots=class_slots or (n_slots,), layout=layout)
 
 
 def test_a_whole_step_when_the_cache_holds_it_one_layer_when_it_holds_that_twice_else_none() -> None:
@@ -19,6 +26,13 @@ def test_a_whole_step_when_the_cache_holds_it_one_layer_when_it_holds_that_twice
     assert calibrate.calibration_layers(cache(128), n_seq=8) == 1   # 2 x 64
     assert calibrate.calibration_layers(cache(127), n_seq=8) == 0
     assert calibrate.calibration_layers(cache(32), n_seq=2) == 1    # 2 tokens: at most 16 experts a layer
+
+
+def test_slot_classes_each_hold_their_layers_or_layer_0s_twice() -> None:
+    two = ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert calibrate.calibration_layers(cache(512, classes=two, class_slots=(256, 256)), n_seq=8) == 8
+    assert calibrate.calibration_layers(cache(511, classes=two, class_slots=(256, 255)), n_seq=8) == 1
+    assert calibrate.calibration_layers(cache(300, classes=two, class_slots=(127, 173)), n_seq=8) == 0
 
 
 @pytest.mark.parametrize("one,two,chosen", [(10.0, 8.0, 2), (10.0, 9.4, 1), (10.0, 12.0, 1)])

@@ -75,7 +75,7 @@ def test_lanes_as_asked_at_most_one_per_thread_while_the_cache_serves_each_its_c
     layout = SimpleNamespace(min_slots=lambda tokens=1, contexts=1: 8 * tokens * contexts)  # top-8
 
     def lanes(n_threads: int, n_seq: int, n_slots: int, asked: int) -> int:
-        cache = SimpleNamespace(n_slots=n_slots, layout=layout)
+        cache = SimpleNamespace(n_slots=n_slots, min_class_slots=n_slots, layout=layout)
         runner = SelfBalancingRunner(SimpleNamespace(n_layer=8), cache, 8, n_threads, lanes=asked)
         return runner.lanes_for(n_seq)
 

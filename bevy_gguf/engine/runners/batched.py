@@ -56,7 +56,8 @@ class BatchedRunner:
 
     def _micro_batch(self, tokens: int) -> int | None:
         """Tokens per graph for batches of up to `tokens` (None: no bound)."""
-        self.micro_batch = None if self.cache is None else self.cache.layout.micro_batch(self.cache.n_slots, tokens)
+        cache = self.cache
+        self.micro_batch = None if cache is None else cache.layout.micro_batch(cache.min_class_slots, tokens)
         return self.micro_batch
 
     def run(self, requests: list[Request]) -> RunStats:

@@ -103,7 +103,7 @@ class SelfBalancingRunner:
         reserves (lanes keep their reservations while they compute, see _Lane)."""
         asked = self.lanes if asked is None else asked
         lanes = max(1, min(asked or self.n_threads, self.n_threads, n_seq))
-        while lanes > 1 and self.cache.n_slots // (2 * lanes) < self.cache.layout.min_slots(1):
+        while lanes > 1 and self.cache.min_class_slots // (2 * lanes) < self.cache.layout.min_slots(1):
             lanes -= 1
         return lanes
 
@@ -248,8 +248,10 @@ class _Lane:
         self.runner, self.model, self.cache = runner, runner.model, runner.cache
         self.owner = owner  # whose reservations these are, among the lanes sharing the cache
         self.params = dataclasses.replace(params, n_ubatch=params.n_batch)  # one graph per call
-        self.keep_reservations = self.cache.n_slots // (2 * lanes) >= self.cache.layout.min_slots(1)
-        share = self.cache.n_slots // (2 * lanes) if self.keep_reservations else self.cache.n_slots
+        # slots are counted in the smallest slot class: what holds there holds at every layer
+        slots = self.cache.min_class_slots
+        self.keep_reservations = slots // (2 * lanes) >= self.cache.layout.min_slots(1)
+        share = slots // (2 * lanes) if self.keep_reservations else slots
         self.chunk = self.cache.layout.micro_batch(share, self.params.n_batch)
         # with reservations held, a call's tokens must fit its share at every layer it merges
         max_tokens = self.chunk if self.keep_reservations else self.params.n_batch

@@ -1,0 +1,67 @@
+"""Slot classes: which layers share slots, and how a byte budget is split between classes."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from bevy_gguf.engine.cache_layout import CacheLayout, SlotClass
+from bevy_gguf.errors import BevyError
+
+
+def info(down_bytes: list[int], n_expert: int = 16, top_k: int = 2, gate_bytes: int = 100) -> SimpleNamespace:
+    """A model whose layer il has gate and up experts of gate_bytes and down experts of down_bytes[il]."""
+    tensors = []
+    offset = 0
+    for il, down in enumerate(down_bytes):
+        for kind, per in (("gate", gate_bytes), ("up", gate_bytes), ("down", down)):
+            tensors.append(SimpleNamespace(name=f"blk.{il}.ffn_{kind}_exps.weight", kind=kind, layer=il,
+                                           n_expert=n_expert, nbytes=per * n_expert, offset=offset))
+            offset += per * n_expert
+    return SimpleNamespace(expert_tensors=tensors, n_layer=len(down_bytes), n_expert=n_expert, n_expert_used=top_k)
+
+
+def test_layers_with_the_same_bytes_per_kind_share_a_class() -> None:
+    layout = CacheLayout.of(info([144, 144, 210, 210, 144]))  # Q4_K_M-like: down Q6_K in layers 2 and 3
+    assert layout.classes == (SlotClass((100, 100, 144), (0, 1, 4)), SlotClass((100, 100, 210), (2, 3)))
+    assert layout.layer_class == (0, 0, 1, 1, 0)
+    assert layout.expert_bytes == 16 * (3 * 344 + 2 * 410)
+    assert layout.layer_kind_bytes(3) == (100, 100, 210)
+    assert CacheLayout.of(info([144] * 4)).slot_bytes == 344  # one class: its bytes
+
+
+def test_each_class_gets_the_same_share_of_its_experts() -> None:
+    layout = CacheLayout.of(info([144, 144, 210, 210]))
+    slots = layout.class_slots(layout.expert_bytes // 4)
+    assert slots == (8, 8)  # 25% of 32 experts each
+    assert layout.class_slots(layout.expert_bytes) == (32, 32)
+    assert layout.class_slots(10 * layout.expert_bytes) == (32, 32)  # never more than the experts
+
+
+@pytest.mark.parametrize("share", [0.07, 0.25, 0.33, 0.5, 0.9, 0.999])
+def test_the_budget_is_never_exceeded_and_what_is_left_is_under_a_slot_per_class(share: float) -> None:
+    layout = CacheLayout.of(info([144, 144, 210, 210, 144, 300, 144, 144], n_expert=64, top_k=4))
+    budget = int(share * layout.expert_bytes)
+    slots = layout.class_slots(budget)
+    used = sum(n * c.bytes for n, c in zip(slots, layout.classes))
+    assert used <= budget
+    assert all(n == len(c.layers) * 64 or budget - used < c.bytes for n, c in zip(slots, layout.classes))
+    assert all(n >= layout.min_slots(1) for n in slots)
+
+
+def test_the_minimum_is_one_tokens_experts_in_every_class() -> None:
+    layout = CacheLayout.of(info([144, 210], top_k=2))
+    assert layout.min_bytes() == 2 * 344 + 2 * 410
+    assert layout.class_slots(layout.min_bytes()) == (2, 2)
+    # a class whose share would round below its minimum gets it, taken from the fuller one
+    big = CacheLayout.of(info([144] * 7 + [210], n_expert=16, top_k=4))
+    slots = big.class_slots(int(0.1 * big.expert_bytes))
+    assert slots[1] == 4 and sum(n * c.bytes for n, c in zip(slots, big.classes)) <= int(0.1 * big.expert_bytes)
+
+
+def test_a_layer_missing_a_kind_is_refused() -> None:
+    bad = info([144, 144])
+    bad.expert_tensors = [t for t in bad.expert_tensors if not (t.layer == 1 and t.kind == "up")]
+    with pytest.raises(BevyError, match="layer 1 lacks the up expert tensors"):
+        CacheLayout.of(bad)
