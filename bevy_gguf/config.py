@@ -113,6 +113,8 @@ class EngineConfig:
     two_pass: str = "auto"               # auto | on | off: a MoE layer computes its loaded experts while the
                                          # others load (auto: bevy and bevy-ctx; blocking and prefetch stand
                                          # for llama.cpp's stall on a missing expert)
+    repack: bool = True                  # llama.cpp's weight repacking (-nr/--no-repack: off): stock copies
+                                         # repackable weights (Q4_0, Q4_K, ... on AVX2) into memory of its own
     # device options (where the expert cache lives) join here; today it is host memory
 
     def __post_init__(self) -> None:

@@ -35,11 +35,12 @@ class ContextParams:
 class Model:
     """A loaded llama_model and its vocabulary."""
 
-    def __init__(self, llama_cpp: ModuleType, path: Path) -> None:
+    def __init__(self, llama_cpp: ModuleType, path: Path, repack: bool = True) -> None:
         self.lib = llama_cpp
         self.path = path
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 0
+        params.use_extra_bufts = repack  # llama.cpp's --no-repack: weights stay as mapped from the file
         self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
             raise BevyError(f"llama.cpp could not load {path}: is it a complete GGUF of a supported architecture?")

@@ -46,6 +46,10 @@ def markdown(report: dict[str, Any], command: str) -> str:
         + (f", measured {p['link_rate_bytes_per_s'] / 1e9:.2f} GB/s" if p.get("link_rate_bytes_per_s") and not sweep
            else "")
         + f". {p['repeats']} runs per row (median), systems interleaved, cold cache per run.",
+        "Weight layouts: stock-resident as stock runs by default (repackable weights, e.g. Q4_0 and Q4_K "
+        "on AVX2, copied into ggml-cpu's interleaved layouts); stock-offload with --no-repack (every weight "
+        "read through the mapping); bevy-gguf's dense weights as stock-resident's, its cache slots the "
+        "file's bytes.",
         "",
         "| system | cache | " + ("link | " if sweep else "") + "tok/s | % of bound | TPOT p50 / p99 ms | TTFT ms | "
         "hit rate | MB loaded | compute / link busy s | link util | link GB/s while busy | overlap eff. | "

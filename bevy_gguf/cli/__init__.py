@@ -71,7 +71,7 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
                   flash_attn=args.flash_attn, expert_cache=args.expert_cache, link=args.link,
                   eviction=args.eviction, link_workers=args.link_workers, wait_timeout_s=args.wait_timeout,
                   lanes=getattr(args, "lanes", 0), split_factor=getattr(args, "split_factor", 1.0),
-                  two_pass=getattr(args, "two_pass", "auto"))
+                  two_pass=getattr(args, "two_pass", "auto"), repack=not getattr(args, "no_repack", False))
     return EngineConfig(**(values | overrides))
 
 
@@ -190,6 +190,8 @@ def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: b
                    help="threads (default: this machine's physical cores, %(default)s)")
     p.add_argument("-fa", "--flash-attn", choices=list(FLASH_ATTN), default="auto",
                    help="flash attention, as llama.cpp's -fa (default auto)")
+    p.add_argument("-nr", "--no-repack", action="store_true",
+                   help="as llama.cpp's: keep weights as the file has them (no interleaved CPU layouts)")
     if scheduler:
         p.add_argument("--scheduler", choices=scheduler_names(), default=DEFAULT_SCHEDULER, help=help_text())
     p.add_argument("--expert-cache", default="25%", metavar="SIZE",

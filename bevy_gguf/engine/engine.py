@@ -59,7 +59,7 @@ class LLMEngine:
         self.lib = use_libllama("stock" if self.stock else "patched")
         if not self.stock:
             llama_ext.set_lazy_experts(self.lib, True)  # routed experts are resident only in the cache
-        self.model = Model(self.lib, config.model)
+        self.model = Model(self.lib, config.model, repack=config.repack)
         self.cache: ExpertCache | None = None
         try:
             if not self.stock:

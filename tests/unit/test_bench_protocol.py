@@ -28,3 +28,32 @@ def test_each_repeat_runs_the_systems_in_an_order_rotated_by_one() -> None:
     assert orders == [systems, ["prefetch", "bevy", "blocking"], ["bevy", "blocking", "prefetch"], systems]
     assert all(sorted(o) == sorted(systems) for o in orders)
     assert rotated([], 2) == []
+
+
+def test_stock_offload_runs_without_repacking_under_a_cap_from_stock_without_it(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    """Repacking copies repackable weights out of the mapping at load, so a repacking stock under a
+    cap is resident whatever the cap: stock-offload runs --no-repack, its cap from such a run."""
+    from types import SimpleNamespace
+
+    from bevy_gguf.bench import harness
+
+    specs: list[tuple[dict, object]] = []
+
+    class Cap:
+        available, version, reason = True, 2, ""
+
+        def __init__(self, limit: int) -> None:
+            self.limit = limit
+
+        def close(self) -> None: ...
+
+    monkeypatch.setattr(harness, "MemoryCap", Cap)
+    monkeypatch.setattr(harness, "evict_page_cache", lambda path: None)
+    monkeypatch.setattr(harness, "run_worker", lambda spec, cap=None: specs.append((spec, cap)) or {"ok": 1})
+    cfg = harness.BenchConfig(model=tmp_path / "m.gguf", systems=["stock-offload", "bevy"])
+    info = SimpleNamespace(expert_bytes=1000)
+    notes: dict[float, str] = {}
+    harness._run_offload(cfg, info, 25.0, [{"peak_rss_bytes": 3000}, {"peak_rss_bytes": 2500}], notes)
+    (spec, cap), = specs
+    assert spec["system"] == "stock-offload" and spec["repack"] is False
+    assert cap.limit == 3000 - 1000 + 250 and "--no-repack" in notes[25.0]
