@@ -108,3 +108,23 @@ def test_the_budget_holds_and_wastes_little(mix: tuple[str, tuple[str, ...]], sh
         assert cache.n_slots == sum(cache.class_slots)
         for n, c in zip(cache.class_slots, layout.classes):  # each class: its share of its experts
             assert abs(n / (len(c.layers) * layout.n_expert) - share) <= 0.1
+
+
+@pytest.mark.parametrize("quantize", ["MXFP4_MOE", "Q2_K", "Q6_K", "IQ3_M", "BF16"])
+def test_more_expert_types(tmp_path: Path, quantize: str) -> None:
+    """More of the types the CPU mul_mat_id runs (MXFP4, Q2_K with Q3_K down, Q6_K, IQ3_S, BF16):
+    blocking unsplit against stock batched, bevy at 25% by the margin rule."""
+    model = ensure_model(quant_spec(quantize, experts=16), progress=False)
+    types = {t.ggml_type for t in inspect_model(model).expert_tensors}
+    args = [a for p in PROMPTS for a in ("-p", p)]
+    batched = run_json("run", model, "--engine", "stock", "--parallel", "8", "-n", str(N_TOKENS), *FA, *args)
+    alone = run_json("run", model, "--engine", "stock", "--parallel", "1", "-n", str(N_TOKENS), *FA, *args)
+    unsplit = run_json("run", model, "--scheduler", "blocking", "--expert-cache", "100%", "--parallel", "8",
+                       "-n", str(N_TOKENS), *FA, *args)
+    if types & REPACKED_BY_STOCK:
+        margin_ok(batched, unsplit, "blocking unsplit (stock repacks these experts)")
+    else:
+        assert texts(unsplit) == texts(batched)
+    bevy = probe(model, "bevy", "25%", 8, tmp_path, prompts=PROMPTS, max_tokens=N_TOKENS, flash_attn="off")
+    assert all(r["error"] is None for r in bevy["requests"]) and bevy["counters"]["misses"] > 0
+    margin_ok(alone, bevy, "bevy at 25%")
