@@ -59,6 +59,22 @@ def margin_ok(ref: dict, got: dict, what: str) -> None:
     assert compared >= len(ref["requests"]) * N_TOKENS // 2, f"{what}: only {compared} positions compared"
 
 
+def stock_and_unsplit(model: Path) -> tuple[dict, dict]:
+    """(stock batched, stock --parallel 1) of the prompts, after checking blocking unsplit against
+    stock batched: exactly, or by the margin rule on the types stock repacks."""
+    types = {t.ggml_type for t in inspect_model(model).expert_tensors}
+    args = [a for p in PROMPTS for a in ("-p", p)]
+    batched = run_json("run", model, "--engine", "stock", "--parallel", "8", "-n", str(N_TOKENS), *FA, *args)
+    alone = run_json("run", model, "--engine", "stock", "--parallel", "1", "-n", str(N_TOKENS), *FA, *args)
+    unsplit = run_json("run", model, "--scheduler", "blocking", "--expert-cache", "100%", "--parallel", "8",
+                       "-n", str(N_TOKENS), *FA, *args)
+    if types & REPACKED_BY_STOCK:
+        margin_ok(batched, unsplit, "blocking unsplit (stock repacks these experts)")
+    else:
+        assert texts(unsplit) == texts(batched)  # blocking unsplit = stock batched, exactly
+    return batched, alone
+
+
 def test_the_mixes_have_what_they_test() -> None:
     """Q4_K_M gives ffn_down two types (two slot classes); the per-tensor mix gives a third layout."""
     layouts = {mix_id(m): CacheLayout.of(inspect_model(ensure_model(quant_spec(m[0], tensor_types=m[1], experts=16),
@@ -69,15 +85,7 @@ def test_the_mixes_have_what_they_test() -> None:
 
 def test_every_scheduler_on_the_mix(tmp_path: Path, quant_model: Path) -> None:
     types = {t.ggml_type for t in inspect_model(quant_model).expert_tensors}
-    args = [a for p in PROMPTS for a in ("-p", p)]
-    batched = run_json("run", quant_model, "--engine", "stock", "--parallel", "8", "-n", str(N_TOKENS), *FA, *args)
-    alone = run_json("run", quant_model, "--engine", "stock", "--parallel", "1", "-n", str(N_TOKENS), *FA, *args)
-    unsplit = run_json("run", quant_model, "--scheduler", "blocking", "--expert-cache", "100%", "--parallel", "8",
-                       "-n", str(N_TOKENS), *FA, *args)
-    if types & REPACKED_BY_STOCK:
-        margin_ok(batched, unsplit, "blocking unsplit (stock repacks these experts)")
-    else:
-        assert texts(unsplit) == texts(batched)  # blocking unsplit = stock batched, exactly
+    batched, alone = stock_and_unsplit(quant_model)
     spec = {"prompts": PROMPTS, "max_tokens": N_TOKENS, "flash_attn": "off"}
     for cache in ("25%", minimum(quant_model)):
         blocking = probe(quant_model, "blocking", cache, 8, tmp_path, **spec)
@@ -115,16 +123,7 @@ def test_more_expert_types(tmp_path: Path, quantize: str) -> None:
     """More of the types the CPU mul_mat_id runs (MXFP4, Q2_K with Q3_K down, Q6_K, IQ3_S, BF16):
     blocking unsplit against stock batched, bevy at 25% by the margin rule."""
     model = ensure_model(quant_spec(quantize, experts=16), progress=False)
-    types = {t.ggml_type for t in inspect_model(model).expert_tensors}
-    args = [a for p in PROMPTS for a in ("-p", p)]
-    batched = run_json("run", model, "--engine", "stock", "--parallel", "8", "-n", str(N_TOKENS), *FA, *args)
-    alone = run_json("run", model, "--engine", "stock", "--parallel", "1", "-n", str(N_TOKENS), *FA, *args)
-    unsplit = run_json("run", model, "--scheduler", "blocking", "--expert-cache", "100%", "--parallel", "8",
-                       "-n", str(N_TOKENS), *FA, *args)
-    if types & REPACKED_BY_STOCK:
-        margin_ok(batched, unsplit, "blocking unsplit (stock repacks these experts)")
-    else:
-        assert texts(unsplit) == texts(batched)
+    _, alone = stock_and_unsplit(model)
     bevy = probe(model, "bevy", "25%", 8, tmp_path, prompts=PROMPTS, max_tokens=N_TOKENS, flash_attn="off")
     assert all(r["error"] is None for r in bevy["requests"]) and bevy["counters"]["misses"] > 0
     margin_ok(alone, bevy, "bevy at 25%")
