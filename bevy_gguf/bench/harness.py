@@ -17,6 +17,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,19 @@ def belady_misses(order: dict[str, Any], n_slots: int) -> int:
     return decode_lookups - belady_hits(visits, n_slots, count_from=len(order["prefill"]))
 
 
+def class_misses(order: dict[str, Any], layout: CacheLayout, budget_bytes: int,
+                 count: Callable[[dict[str, Any], int], int]) -> tuple[int, int]:
+    """(decode misses, their bytes) of the recorded order through a cache of budget_bytes in slot
+    classes, as the live cache splits it: each class replayed on its own layers' visits with its
+    own slots (count(order, n_slots): a policy's misses); one class: the order through every slot."""
+    misses = nbytes = 0
+    for c, (sc, n_slots) in enumerate(zip(layout.classes, layout.class_slots(budget_bytes))):
+        sub = {k: [v for v in order[k] if layout.layer_class[v[0]] == c] for k in ("prefill", "decode")}
+        m = count(sub, n_slots)
+        misses, nbytes = misses + m, nbytes + m * sc.bytes
+    return misses, nbytes
+
+
 def _bound_tok_per_s(decode_tokens: int, compute_s: float | None, link_s: float | None) -> float | None:
     """Decode tokens over the larger of the compute and link times; None without a compute time
     (no stock-resident run and no 100% point: a link time alone bounds nothing a system could reach)."""
@@ -282,13 +296,14 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     bound = []
     for cache, pct, link in points:
         link_rate = _link_rate(link, [r for r in rows if r.get("link_point") == link])
-        n_slots = min(parse_cache_size(cache, info.expert_bytes) // layout.slot_bytes, info.n_layer * info.n_expert)
-        misses = belady_misses(order, n_slots)
-        online = policy_misses(order, n_slots, cfg.eviction, info.n_layer, info.n_expert)
-        link_s, online_link_s = ((m * layout.slot_bytes / link_rate if link_rate else None) for m in (misses, online))
+        budget = parse_cache_size(cache, info.expert_bytes)
+        misses, belady_bytes = class_misses(order, layout, budget, belady_misses)
+        online, online_bytes = class_misses(order, layout, budget, lambda o, n: policy_misses(
+            o, n, cfg.eviction, info.n_layer, info.n_expert))
+        link_s, online_link_s = ((b / link_rate if link_rate else None) for b in (belady_bytes, online_bytes))
         bound.append({"cache": pct, "link_point": link, "link_rate_bytes_per_s": link_rate,
                       "tok_per_s": _bound_tok_per_s(decode_tokens, compute_s, link_s),
-                      "belady_misses": misses, "belady_bytes": misses * layout.slot_bytes,
+                      "belady_misses": misses, "belady_bytes": belady_bytes,
                       "compute_s": compute_s, "link_s": link_s, "online_policy": cfg.eviction,
                       "online_misses": online, "online_link_s": online_link_s,
                       "online_tok_per_s": _bound_tok_per_s(decode_tokens, compute_s, online_link_s)})

@@ -57,3 +57,27 @@ def test_stock_offload_runs_without_repacking_under_a_cap_from_stock_without_it(
     (spec, cap), = specs
     assert spec["system"] == "stock-offload" and spec["repack"] is False
     assert cap.limit == 3000 - 1000 + 250 and "--no-repack" in notes[25.0]
+
+
+def test_the_bound_replays_each_slot_class_on_its_own_layers() -> None:
+    """Two classes (down 144 B in layers 0-1, 210 B in 2-3) of 2 slots each: each class's misses
+    are those of its layers' visits through its slots, priced at its own bytes."""
+    from bevy_gguf.bench.harness import belady_misses, class_misses
+    from bevy_gguf.engine.cache_layout import CacheLayout
+    from tests.unit.test_cache_layout import info
+
+    layout = CacheLayout.of(info([144, 144, 210, 210], n_expert=4, top_k=2))
+    order = {"prefill": [], "decode": [(il, [0, 1]) for _ in range(2) for il in range(4)]}
+    budget = 2 * layout.classes[0].bytes + 2 * layout.classes[1].bytes  # 2 slots each
+    seen: list[tuple[list, int]] = []
+
+    def count(sub: dict, n_slots: int) -> int:
+        seen.append(([v[0] for v in sub["decode"]], n_slots))
+        return belady_misses(sub, n_slots)
+
+    misses, nbytes = class_misses(order, layout, budget, count)
+    assert seen == [([0, 1, 0, 1], 2), ([2, 3, 2, 3], 2)]
+    # the sum of each class replayed alone, each priced at its own expert bytes
+    m0, m1 = (belady_misses({"prefill": [], "decode": [(il, [0, 1]) for _ in range(2) for il in ls]}, 2)
+              for ls in ((0, 1), (2, 3)))
+    assert (misses, nbytes) == (m0 + m1, m0 * 344 + m1 * 410)
