@@ -343,13 +343,6 @@ def bevy_cache_set_source(cache: BevyCache, il: int, kind: int, offset: int, /) 
     ...
 
 
-# void * bevy_cache_slot_data(bevy_cache * cache, int32_t kind);
-@_bind("bevy_cache_slot_data", [BevyCache, c_int32], c_void_p)
-def bevy_cache_slot_data(cache: BevyCache, kind: int, /) -> int | None:
-    """The slots of one kind (slot s at + s * kind_bytes); NULL for a bad kind."""
-    ...
-
-
 # void * bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind);
 @_bind("bevy_cache_class_data", [BevyCache, c_int32, c_int32], c_void_p)
 def bevy_cache_class_data(cache: BevyCache, c: int, kind: int, /) -> int | None:

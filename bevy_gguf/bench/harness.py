@@ -320,7 +320,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     return {"protocol": protocol, "runs": rows, "bound": bound, "timelines": timelines}
 
 
-def _run_offload(cfg: BenchConfig, info: Any, pct: float, resident: list[dict[str, Any]],
+def _run_offload(cfg: BenchConfig, info: Any, pct: float, unpacked: list[dict[str, Any]],
                  notes: dict[float, str]) -> dict[str, Any]:
     """stock-offload: stock llama.cpp (mmap, --no-repack) in a memory cgroup capped at the peak
     RSS of stock with every weight in memory (also --no-repack) - expert bytes + the cache share
@@ -328,9 +328,9 @@ def _run_offload(cfg: BenchConfig, info: Any, pct: float, resident: list[dict[st
     (Q4_0, Q4_K, ... on AVX2) out of the mapping into memory of stock's own at load: the model
     is then resident whatever the cap (measured: Q4_0 at a 25% cap ran at 65% of resident speed,
     3.3x bevy), which is no offload, and a user whose model exceeds memory must pass -nr."""
-    peaks = [r["peak_rss_bytes"] for r in resident if "error" not in r]
+    peaks = [r["peak_rss_bytes"] for r in unpacked if "error" not in r]
     if not peaks:
-        return {"system": "stock-offload", "error": "unavailable: stock-resident did not run, so no cap"}
+        return {"system": "stock-offload", "error": "unavailable: stock --no-repack did not run, so no cap"}
     limit = int(max(peaks) - info.expert_bytes + info.expert_bytes * pct / 100)
     cap = MemoryCap(limit)
     if not cap.available:

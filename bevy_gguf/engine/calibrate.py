@@ -201,8 +201,8 @@ class _LinkStream:
         layout = cache.layout
         self.link = cache.native.link
         self.slot_bytes = layout.slot_bytes
-        self.reads = [(offset + e * layout.layer_kind_bytes(il)[kind], layout.layer_kind_bytes(il)[kind])
-                      for (il, kind), offset in layout.sources.items() for e in range(layout.n_expert)]
+        self.reads = [(offset + e * nbytes, nbytes) for (il, kind), offset in layout.sources.items()
+                      for nbytes in (layout.layer_kind_bytes(il)[kind],) for e in range(layout.n_expert)]
         self._cv = threading.Condition()
         self._go = self._quit = False
         self._active = 0

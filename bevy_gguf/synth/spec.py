@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -91,9 +91,7 @@ class ModelSpec:
     @property
     def base(self) -> ModelSpec:
         """The model llama-quantize starts from (this one, if it is not quantized)."""
-        return ModelSpec(self.arch, self.layers, self.experts, self.top_k, self.embd, self.ff, self.dtype, self.seed)
+        return replace(self, quantize="", tensor_types=())
 
     def as_dict(self) -> dict[str, object]:
-        d = asdict(self)
-        d["tensor_types"] = ",".join(self.tensor_types)
-        return d
+        return asdict(self)

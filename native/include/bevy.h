@@ -168,8 +168,6 @@ BEVY_API bevy_cache * bevy_cache_new(const bevy_cache_params * params, bevy_link
 BEVY_API void         bevy_cache_free(bevy_cache * cache);
 // expert e of kind k at layer il lies at offset + e * (bytes of kind k in il's class) of the slow tier
 BEVY_API int32_t      bevy_cache_set_source(bevy_cache * cache, int32_t il, int32_t kind, uint64_t offset);
-// the slots of kind k of class 0 (of the only class, unless n_classes > 1); NULL on a bad kind
-BEVY_API void *       bevy_cache_slot_data(bevy_cache * cache, int32_t kind);
 // the slots of kind k of class c; NULL on a bad class or kind
 BEVY_API void *       bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind);
 // layer il's counters (il = -1: totals); -1 on a bad layer

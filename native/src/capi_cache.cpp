@@ -73,14 +73,6 @@ int32_t bevy_cache_set_source(bevy_cache * cache, int32_t il, int32_t kind, uint
     return 0;
 }
 
-void * bevy_cache_slot_data(bevy_cache * cache, int32_t kind) {
-    if (kind < 0 || kind >= cache->cache->config().n_kinds) {
-        last_error() = "bevy_cache_slot_data: kind out of range";
-        return nullptr;
-    }
-    return cache->cache->slot_data(0, kind);
-}
-
 void * bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind) {
     if (c < 0 || c >= cache->cache->n_classes() || kind < 0 || kind >= cache->cache->config().n_kinds) {
         last_error() = "bevy_cache_class_data: class or kind out of range";
