@@ -22,14 +22,16 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def positive(name: str):  # noqa: ANN201 - an argparse type
-    def parse(value: str) -> int:
+def positive(name: str, kind: type = int):  # noqa: ANN201 - an argparse type
+    """An argparse type: an integer (or kind) of at least 1 (above 0 for a float)."""
+    def parse(value: str) -> int | float:
         try:
-            n = int(value)
+            n = kind(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {n}")
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{name} must be {what}, got {value!r}") from None
+        if (n < 1 if kind is int else not n > 0):
+            raise argparse.ArgumentTypeError(f"{name} must be {'at least 1' if kind is int else 'above 0'}, got {n}")
         return n
     return parse
 
@@ -165,7 +167,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = engine_config(args)
     settings = ServerSettings(host=args.host, port=args.port, api_key=args.api_key, ctx_size=config.n_ctx,
-                              max_queued=args.max_queued, model_alias=args.alias)
+                              max_queued=args.max_queued, model_alias=args.alias,
+                              shutdown_grace_s=args.shutdown_grace)
     return serve(config, settings)
 
 
@@ -293,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-queued", type=positive("--max-queued"), default=128,
                     help="requests waiting beyond --parallel; more are answered 503")
     sv.add_argument("--alias", help="the model id that /v1/models shows")
+    sv.add_argument("--shutdown-grace", type=positive("--shutdown-grace", float), default=30.0, metavar="SECONDS",
+                    help="at SIGTERM or SIGINT, running requests get this long to finish (queued ones get 503, "
+                         "a second signal exits at once; default %(default)s)")
     sv.set_defaults(func=cmd_serve)
 
     tr = sub.add_parser("trace", help="record routing on the text workload and print its statistics")

@@ -144,6 +144,10 @@ class LLMEngine:
     def queued(self) -> int:
         return len(self._queue) if self._queue is not None else 0
 
+    def close_queue(self) -> list[Request]:
+        """No more requests; returns those that were still queued (none of them started)."""
+        return self._queue.close_and_take() if self._queue is not None else []
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """No more requests: the serving loop drains the queue, then ends."""
         if self._queue is not None:

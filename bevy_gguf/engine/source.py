@@ -69,3 +69,11 @@ class LiveQueue(RequestSource):
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+
+    def close_and_take(self) -> list[Request]:
+        """No more requests, and those still waiting leave the queue (a shutdown answers them)."""
+        with self._cv:
+            self._closed = True
+            left, self._q = list(self._q), deque()
+            self._cv.notify_all()
+            return left

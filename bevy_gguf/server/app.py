@@ -19,7 +19,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from bevy_gguf.engine.request import Request as EngineRequest
 from bevy_gguf.engine.sampling import Sampler, SamplingParams
 from bevy_gguf.server.chat import render_chat
-from bevy_gguf.server.engine import ServingEngine
+from bevy_gguf.server.engine import SHUTTING_DOWN, ServingEngine
+from bevy_gguf.server.limits import BodyLimits
 from bevy_gguf.server.types import ChatRequest, CompletionRequest, ServerSettings
 
 RETRY_AFTER_S = 1
@@ -72,6 +73,10 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
 
     # -- requests ------------------------------------------------------------------------
 
+    def shutting_down() -> ApiError:
+        return ApiError(503, f"{SHUTTING_DOWN}: retry on another server or after it restarts", "server_error",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+
     def make_request(prompt: str, body: CompletionRequest | ChatRequest, extra_stop: list[str]) -> EngineRequest:
         if not prompt:
             raise ApiError(400, "the prompt is empty: give at least one character", param="prompt")
@@ -98,6 +103,8 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
         updates: asyncio.Queue[None] = asyncio.Queue()
         req.on_update = lambda _: loop.call_soon_threadsafe(updates.put_nowait, None)
         if not engine.submit(req):
+            if engine.draining:
+                raise shutting_down()
             raise ApiError(503, "the server is busy: the request queue is full, retry later", "server_error",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
         decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
@@ -129,6 +136,8 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
                     yield text[emitted:cut], None
                     emitted = cut
                 if done:
+                    if req.error == SHUTTING_DOWN and not req.tokens:
+                        raise shutting_down()
                     if req.error and req.finish_reason == "error":
                         raise ApiError(500, f"decoding failed: {req.error}", "server_error")
                     yield "", req.finish_reason
@@ -178,6 +187,8 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        if engine.draining:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
         if engine.error:
             return JSONResponse({"status": "error", "error": engine.error}, status_code=500)
         return JSONResponse({"status": "ok"})
@@ -241,4 +252,5 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
                 "usage": usage(req)}
 
+    app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes, max_depth=settings.max_json_depth)
     return app

@@ -10,6 +10,8 @@ from bevy_gguf.engine.engine import LLMEngine
 from bevy_gguf.engine.request import Request
 from bevy_gguf.engine.stats import hit_rate
 
+SHUTTING_DOWN = "the server is shutting down"  # why a request queued at a shutdown failed
+
 
 @dataclass(slots=True)
 class Throughput:
@@ -44,6 +46,7 @@ class ServingEngine:
         self.lock = threading.Lock()
         self.throughput = Throughput()
         self.started = time.monotonic()
+        self.draining = False  # a shutdown began: nothing new is taken
         engine.start(max_queued)
 
     @property
@@ -65,6 +68,8 @@ class ServingEngine:
 
         req.on_update = update
         with self.lock:
+            if self.draining:
+                return False
             self.running.add(id(req))
         if not self.engine.add_request(req):
             with self.lock:
@@ -89,6 +94,16 @@ class ServingEngine:
             "link_busy_seconds_total": c["link_busy_ns"] / 1e9,
             "link_utilization": c["link_busy_ns"] / 1e9 / uptime,
         }
+
+    def drain(self) -> int:
+        """A shutdown begins: no new requests; those still queued fail with SHUTTING_DOWN (their
+        clients get 503); the running ones go on. Returns how many were queued."""
+        with self.lock:
+            self.draining = True
+        queued = self.engine.close_queue()
+        for req in queued:
+            req.fail(SHUTTING_DOWN)
+        return len(queued)
 
     def shutdown(self) -> None:
         self.engine.stop()

@@ -6,12 +6,13 @@ import concurrent.futures
 import json
 import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -236,3 +237,99 @@ def test_full_queue_answers_503(model: Path) -> None:
         assert busy.headers["retry-after"] == "1" and busy.json()["error"]["type"] == "server_error"
     finally:
         s.stop()
+
+
+def slow_server(model: Path, *args: str) -> Server:
+    """One request at a time through an emulated 1 MB/s link and a small cache: ~25 tokens/s on
+    the tiny model, slow enough to signal the server while a request runs."""
+    return Server(model, "--parallel", "1", "--max-queued", "4", "--ctx-size", "512", "--expert-cache", "25%",
+                  "--link", "throttle:1MB/s:ram", *args)
+
+
+def wait_for(what: Callable[[], bool], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def refused(s: Server) -> bool:
+    """A new connection is refused (while the socket is still open, /health answers 503)."""
+    try:
+        assert httpx.get(s.url + "/health", timeout=5).status_code == 503
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+def test_sigterm_drains_then_exits_0(model: Path) -> None:
+    """SIGTERM: the running request finishes whole, the queued ones get 503, new connections are
+    refused, and the process exits 0 (it died by the signal before)."""
+    s = slow_server(model)
+    body = {"prompt": "hello", "max_tokens": 100, "temperature": 0}
+    whole = httpx.post(s.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]  # undisturbed
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        running = pool.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=60)
+        wait_for(lambda: s.metrics()["bevy_requests_running"] == 1)
+        queued = [pool.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=60) for _ in range(2)]
+        wait_for(lambda: s.metrics()["bevy_requests_queued"] == 2)
+        s.proc.send_signal(signal.SIGTERM)
+        for q in queued:
+            r = q.result()
+            assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+            assert r.headers["retry-after"] == "1"
+        wait_for(lambda: refused(s), timeout_s=2)  # the listening socket closes (uvicorn looks every 0.1 s)
+        r = running.result()
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0] == whole  # the same answer (alone on the server, greedy), whole
+    assert s.proc.wait(30) == 0, s.proc.stderr.read()[-2000:]
+    assert "draining" in s.proc.stderr.read()
+
+
+def test_second_signal_exits_at_once(model: Path) -> None:
+    s = slow_server(model, "--shutdown-grace", "120")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        body = {"prompt": "hello", "max_tokens": 400, "temperature": 0}  # ~16 s on this server
+        long = pool.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=60)
+        wait_for(lambda: s.metrics()["bevy_requests_running"] == 1)
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert s.proc.poll() is None  # draining: the request still runs
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGINT)
+        assert s.proc.wait(10) == 128 + signal.SIGINT
+        assert time.monotonic() - t0 < 5
+        with pytest.raises(httpx.HTTPError):
+            long.result()
+
+
+@pytest.mark.parametrize("body,status,fragment", [
+    (b'{"prompt": "x", "pad": "' + b"y" * (17 * 2**20) + b'"}', 413, "the limit"),
+    (b'{"prompt": "x", "deep": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "nests deeper"),
+    (b'{"prompt": "x", "deep": ' + b"{\"a\": " * 40 + b"1" + b"}" * 40 + b"}", 400, "nests deeper"),
+    (b'{"prompt": "\xff\xfe not UTF-8"}', 400, ""),
+])
+def test_hostile_bodies_get_4xx(server: Server, body: bytes, status: int, fragment: str) -> None:
+    r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"},
+                   timeout=60)
+    assert r.status_code == status, r.text[:300]
+    assert fragment in r.json()["error"]["message"]
+
+
+def test_chunked_body_over_the_limit_gets_413(server: Server) -> None:
+    """No Content-Length to refuse by: the limit applies to the bytes as they arrive."""
+    def chunks() -> Iterator[bytes]:
+        yield b'{"prompt": "x", "pad": "'
+        for _ in range(17):
+            yield b"y" * 2**20
+        yield b'"}'
+
+    r = httpx.post(server.url + "/v1/completions", content=chunks(), headers={"content-type": "application/json"},
+                   timeout=60)
+    assert r.status_code == 413 and "over" in r.json()["error"]["message"]
+
+
+def test_brackets_inside_strings_are_not_nesting(server: Server) -> None:
+    prompt = "[{" * 50 + "}]" * 50  # 200 brackets in a string: past the fast path, parsed as text
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200, r.text[:300]

@@ -1,0 +1,96 @@
+"""Limits on what a request body may be, checked before anything parses it (an ASGI middleware).
+
+A body over `max_bytes` is answered 413 (by its Content-Length before it is read, or as soon as
+the bytes read pass the limit); JSON nested deeper than `max_depth` is answered 400 (Python's
+parser would recurse into it and fail with a server error). Every answer has OpenAI's error shape.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# a JSON string (escapes included) as one token, or a bracket: depth counts brackets outside strings
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+
+
+def json_depth(body: bytes, stop_at: int) -> int:
+    """How deep the arrays and objects of body nest (the count stops once it reaches stop_at)."""
+    if body.count(b"[") + body.count(b"{") < stop_at:  # fast path: too few brackets to nest that deep
+        return 0
+    depth = deepest = 0
+    for m in _JSON_TOKENS.finditer(body):
+        c = m.group()[:1]
+        if c in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest >= stop_at:
+                break
+        elif c in (b"]", b"}"):
+            depth -= 1
+    return deepest
+
+
+class BodyLimits:
+    """Buffers a request body up to max_bytes, checks its JSON nesting, then hands it on."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, max_depth: int) -> None:
+        self.app, self.max_bytes, self.max_depth = app, max_bytes, max_depth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(send, 413, self._too_large(int(declared)))
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._refuse(send, 413, self._too_large(size, at_least=True))
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if json_depth(body, self.max_depth + 1) > self.max_depth:
+            await self._refuse(send, 400, f"the JSON body nests deeper than {self.max_depth} levels: flatten it")
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the disconnect, when it comes
+
+        await self.app(scope, replay, send)
+
+    def _too_large(self, size: int, at_least: bool = False) -> str:
+        return (f"the body is {'over ' if at_least else ''}{size} bytes, the limit {self.max_bytes}: "
+                "send a shorter prompt")
+
+    @staticmethod
+    async def _refuse(send: Send, status: int, message: str) -> None:
+        body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                     "code": None}}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
