@@ -211,6 +211,10 @@ class NativeCache:
     def set_learning(self, on: bool) -> None:
         lib.bevy_cache_set_learning(self.handle, on)
 
+    def context_entries(self) -> int:
+        """Entries of the native table of contexts sharing the cache (see bevy.h)."""
+        return lib.bevy_cache_context_entries(self.handle)
+
     def new_hook(self) -> Hook:
         hook = Hook(self)
         self.hooks.append(hook)

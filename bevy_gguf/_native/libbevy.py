@@ -378,6 +378,13 @@ def bevy_cache_set_learning(cache: BevyCache, on: bool, /) -> None:
     ...
 
 
+# int32_t bevy_cache_context_entries(const bevy_cache * cache);
+@_bind("bevy_cache_context_entries", [BevyCache], c_int32)
+def bevy_cache_context_entries(cache: BevyCache, /) -> int:
+    """Entries of the cache's context table: at most the hooks ever alive at once."""
+    ...
+
+
 # int32_t bevy_cache_refresh(bevy_cache * cache, int32_t owner, bevy_flight * flights, int32_t n, bevy_pass * pass);
 @_bind("bevy_cache_refresh", [BevyCache, c_int32, POINTER(BevyFlight), c_int32, POINTER(BevyPass)], c_int32)
 def bevy_cache_refresh(cache: BevyCache, owner: int, flights: Any, n: int, pass_: Any, /) -> int:

@@ -203,6 +203,9 @@ BEVY_API int32_t bevy_cache_set_concurrency(bevy_cache * cache, int32_t n);
 // learning off: hook calls pin and load as ever but leave the eviction's usage statistics as
 // they are (decodes that are not the workload, such as start-up calibrations); default on
 BEVY_API void    bevy_cache_set_learning(bevy_cache * cache, bool on);
+// entries of the table of contexts sharing the cache (scanned at each eviction): hooks freed give
+// their entry to the next hook, so it stays at the most hooks that were ever alive at once
+BEVY_API int32_t bevy_cache_context_entries(const bevy_cache * cache);
 BEVY_API void    bevy_hook_set_gated(bevy_hook * hook, bool gated);
 // before each llama_decode of the hook's context: its progress (the token it decodes), from
 // which layer on its hits and misses count (0: all; a scheduler that counted earlier layers at

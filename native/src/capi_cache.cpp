@@ -102,6 +102,10 @@ void bevy_cache_set_learning(bevy_cache * cache, bool on) {
     cache->cache->set_learning(on);
 }
 
+int32_t bevy_cache_context_entries(const bevy_cache * cache) {
+    return cache->cache->context_entries();
+}
+
 int32_t bevy_cache_set_concurrency(bevy_cache * cache, int32_t n) {
     if (n <= 0) {
         last_error() = "concurrency must be positive";

@@ -35,6 +35,8 @@ private:
 
 // the priority key of a context about to compute `layer` of token `token`
 inline uint64_t gate_key(int64_t token, int32_t layer, int32_t context) {
+    // context ids are reused as contexts come and go (ExpertCache::register_context), so they stay
+    // below the contexts alive at once: 16 bits is 65,536 of them
     return ((uint64_t) token << 32) | ((uint64_t) (uint16_t) (layer + 1) << 16) | (uint16_t) context;
 }
 

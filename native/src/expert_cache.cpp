@@ -122,6 +122,12 @@ bool ExpertCache::load(const LoadJob & queued, int32_t worker) {
 
 int32_t ExpertCache::register_context() {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!free_ids_.empty()) {
+        const int32_t id = free_ids_.back();
+        free_ids_.pop_back();
+        positions_[id] = -1;
+        return id;
+    }
     positions_.push_back(-1);
     return (int32_t) positions_.size() - 1;
 }
@@ -130,7 +136,13 @@ void ExpertCache::unregister_context(int32_t id) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (id >= 0 && id < (int32_t) positions_.size()) {
         positions_[id] = -1;
+        free_ids_.push_back(id);
     }
+}
+
+int32_t ExpertCache::context_entries() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return (int32_t) positions_.size();
 }
 
 void ExpertCache::set_router(int32_t il, const float * w, int32_t n_embd) {

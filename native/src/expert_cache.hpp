@@ -79,9 +79,12 @@ public:
     // n experts of layer il were computed in a second pass (counted as such)
     void count_second_pass(int32_t il, int64_t n);
 
-    // contexts that share the cache: their layers steer next-use eviction
+    // contexts that share the cache: their layers steer next-use eviction. An unregistered id is
+    // given to the next context, so the table (scanned at every eviction) holds at most as many
+    // entries as contexts were ever alive at once, however many come and go.
     int32_t register_context();
     void    unregister_context(int32_t id);
+    int32_t context_entries() const; // the table's size
 
     // router weights of layer il ([n_expert][n_embd], copied) for next-layer prediction
     void set_router(int32_t il, const float * w, int32_t n_embd);
@@ -176,7 +179,8 @@ private:
     std::vector<std::string> load_errors_; // per slot: why its load failed
     std::vector<uint8_t>    requested_;  // per (layer, expert): a slotless load of it is queued
     uint64_t expert_bytes(int32_t il) const { return classes_[layer_class_[il]].bytes; } // one expert of layer il
-    std::vector<int32_t>    positions_;  // per registered context: the layer it computes (-1: idle)
+    std::vector<int32_t>    positions_;  // per context id: the layer it computes (-1: idle, or no context)
+    std::vector<int32_t>    free_ids_;   // context ids given back, for the next contexts
     std::vector<std::vector<int32_t>> upcoming_by_; // per owner: layers its flights compute next
     std::vector<int32_t>    upcoming_;   // every owner's together
     std::vector<std::vector<int64_t>> reserved_; // per owner: slots it pinned

@@ -195,3 +195,20 @@ def test_decodes_that_do_not_learn_leave_the_eviction_statistics_as_they_were(qw
         use([0, 1])
         # learning: 2 and 3 were evicted and 0, 1 hit; not learning: 0 and 1 were, and miss now
         assert cache.counters(0)["misses"] - misses == (0 if learning else 2)
+
+
+def test_contexts_coming_and_going_keep_the_context_table_bounded(cache4: ExpertCache) -> None:
+    """A server creates and frees contexts for weeks: every hook registers a context, whose entry
+    each eviction scans, so a freed hook's entry goes to the next one."""
+    native_cache = cache4.native
+    alive = [native_cache.new_hook(), native_cache.new_hook()]
+    for _ in range(1000):
+        hook = native_cache.new_hook()
+        hook.close()
+    assert native_cache.context_entries() == 3
+    for hook in alive:
+        hook.close()
+    again = [native_cache.new_hook() for _ in range(3)]
+    assert native_cache.context_entries() == 3
+    for hook in again:
+        hook.close()
