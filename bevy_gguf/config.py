@@ -68,24 +68,55 @@ def parse_rate(text: str) -> float:
     return rate
 
 
+FAULT_KEYS = ("error-every", "short-every", "stall-every", "stall")
+FAULT_SYNTAX = "fault:error-every=N,short-every=N,stall-every=N,stall=SECONDS[:file|ram] (any of them)"
+
+
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
-    """`file`, `ram`, or `throttle:RATE[:file|ram]` (a token bucket, reported as emulated)."""
+    """`file`, `ram`, `throttle:RATE[:file|ram]` (a token bucket, reported as emulated), or
+    `fault:...` (injected read errors, short reads and stalls for tests, reported as such)."""
 
     base: str                 # file | ram
     rate: float | None = None  # bytes/s of the throttle, None for none
+    faults: tuple[tuple[str, float], ...] = ()  # (FAULT_KEYS entry, value) of a fault link
 
     @classmethod
     def parse(cls, text: str) -> LinkSpec:
         parts = text.split(":")
         if parts[0] in ("file", "ram") and len(parts) == 1:
             return cls(parts[0])
-        if parts[0] == "throttle" and len(parts) in (2, 3):
+        if parts[0] in ("throttle", "fault") and len(parts) in (2, 3):
             base = parts[2] if len(parts) == 3 else "file"
             if base not in ("file", "ram"):
-                raise BevyError(f"--link {text}: a throttle goes over file or ram, not {base!r}")
+                raise BevyError(f"--link {text}: a {parts[0]} goes over file or ram, not {base!r}")
+            if parts[0] == "fault":
+                return cls(base, faults=_parse_faults(text, parts[1]))
             return cls(base, parse_rate(parts[1]))
         raise BevyError(f"--link {text}: choose file, ram, or throttle:RATE[:file|ram] (e.g. throttle:200MB/s)")
+
+    def fault_plan(self) -> dict[str, float]:
+        """The fault link's settings, as bevy_link_fault_new takes them."""
+        given = dict(self.faults)
+        return {"error_every": int(given.get("error-every", 0)), "short_every": int(given.get("short-every", 0)),
+                "stall_every": int(given.get("stall-every", 0)), "stall_s": given.get("stall", 0.0)}
+
+
+def _parse_faults(text: str, plan: str) -> tuple[tuple[str, float], ...]:
+    faults = []
+    for item in plan.split(","):
+        key, _, value = item.partition("=")
+        try:
+            number = float(value) if key == "stall" else int(value)
+        except ValueError:
+            number = -1
+        if key not in FAULT_KEYS or number < 0 or (key != "stall" and number == 0):
+            raise BevyError(f"--link {text}: {item!r} is not a fault; write {FAULT_SYNTAX}")
+        faults.append((key, float(number)))
+    keys = [k for k, _ in faults]
+    if ("stall" in keys) != ("stall-every" in keys):
+        raise BevyError(f"--link {text}: a stall needs both stall-every=N and stall=SECONDS")
+    return tuple(faults)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,11 @@ class Link:
         inner, self.handle = self.handle, None
         return Link(lib.bevy_link_throttle_new(inner, bytes_per_s), "throttle")
 
+    def fault(self, error_every: int = 0, short_every: int = 0, stall_every: int = 0, stall_s: float = 0.0) -> Link:
+        """Injected faults over this link, which it takes over (tests; see bevy.h)."""
+        inner, self.handle = self.handle, None
+        return Link(lib.bevy_link_fault_new(inner, error_every, short_every, stall_every, stall_s), "fault")
+
     def describe(self) -> str:
         buf = ctypes.create_string_buffer(256)
         lib.bevy_link_describe(self.handle, buf, len(buf))

@@ -284,6 +284,15 @@ def bevy_link_throttle_new(inner: BevyLink, bytes_per_s: float, /) -> BevyLink:
     ...
 
 
+# bevy_link * bevy_link_fault_new(bevy_link * inner, int64_t error_every, int64_t short_every,
+#                                 int64_t stall_every, double stall_s);
+@_bind("bevy_link_fault_new", [BevyLink, c_int64, c_int64, c_int64, c_double], BevyLink)
+def bevy_link_fault_new(inner: BevyLink, error_every: int, short_every: int, stall_every: int, stall_s: float,
+                        /) -> BevyLink:
+    """Injected faults over inner, which it takes over (see bevy.h); NULL on failure."""
+    ...
+
+
 # void bevy_link_free(bevy_link * link);
 @_bind("bevy_link_free", [BevyLink], None)
 def bevy_link_free(link: BevyLink, /) -> None: ...

@@ -85,9 +85,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     live = not args.json and sys.stderr.isatty()
     config = engine_config(args)
     result = run_requests(config, make_requests, progress=LiveProgress if live else None)
+    failed = [req for req in result.requests if req.error]
     if args.json:
         print(json.dumps(result.to_json(), ensure_ascii=False))
-        return 0
+        return _failures(failed, len(result.requests))
     for i, (req, text) in enumerate(zip(result.requests, result.texts)):
         print(f"--- request {i} ({len(req.prompt_tokens)} prompt tokens, {len(req.tokens)} generated)")
         print(f"{req.prompt}\u2192{text}")
@@ -101,7 +102,15 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{config.n_threads} threads")
     if result.cache is not None:
         print_cache_summary(result.cache)
-    return 0
+    return _failures(failed, len(result.requests))
+
+
+def _failures(failed: list, n: int) -> int:
+    """1, with a line naming the first failure, when requests failed (the others were answered)."""
+    if not failed:
+        return 0
+    print(f"bevy-gguf: error: {len(failed)} of {n} requests failed; the first: {failed[0].error}", file=sys.stderr)
+    return 1
 
 
 def print_cache_summary(cache: dict) -> None:

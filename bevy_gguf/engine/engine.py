@@ -45,7 +45,7 @@ class Runner(Protocol):
 # (bevy's; None for the runners without it)
 RUNNER_STATS = {"lanes": "lanes_used", "two_pass_overhead_s": "pass_overhead_s",
                 "load_contention_s": "load_contention_s", "load_alone_s": "load_alone_s",
-                "two_pass_calls": "two_pass_calls", "layer_calls": "calls"}
+                "two_pass_calls": "two_pass_calls", "layer_calls": "calls", "calibration_error": "calibration_error"}
 
 
 class LLMEngine:
@@ -126,6 +126,8 @@ class LLMEngine:
                 self.serve_stats = runner.serve(self._queue, params)
             except Exception as e:  # noqa: BLE001 - reported by serve_error (the server's /health)
                 self.serve_error = f"{type(e).__name__}: {e}"
+                for req in self._queue.close_and_fail_taken():  # nobody decodes them now: answer them
+                    req.fail(f"the serving loop stopped: {self.serve_error}")
 
         self._thread = threading.Thread(target=serve, name="bevy-serve", daemon=True)
         self._thread.start()

@@ -25,6 +25,8 @@ def open_link(info: ModelInfo, spec: LinkSpec) -> Link:
         link = Link.file(info.path)
     else:
         link = Link.ram(info.path, [(t.offset, t.nbytes) for t in info.expert_tensors])
+    if spec.faults:
+        return link.fault(**spec.fault_plan())
     return link.throttle(spec.rate) if spec.rate is not None else link
 
 

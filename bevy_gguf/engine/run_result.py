@@ -27,6 +27,7 @@ class RunResult:
         return {
             "requests": [
                 {"prompt": r.prompt, "text": t, "tokens": r.tokens, "margins": [round(m, 6) for m in r.margins]}
+                | ({"error": r.error} if r.error else {})
                 for r, t in zip(self.requests, self.texts)
             ],
             "stats": self._stats_json(),

@@ -41,6 +41,7 @@ class LiveQueue(RequestSource):
         self._q: deque[Request] = deque()
         self._cv = threading.Condition()
         self._closed = False
+        self._taken: list[Request] = []  # handed to the runner and not finished when last looked at
 
     def put(self, req: Request) -> bool:
         """Queue req; False when the queue is full (or closed)."""
@@ -53,7 +54,10 @@ class LiveQueue(RequestSource):
 
     def take(self, n: int) -> list[Request]:
         with self._cv:
-            return [self._q.popleft() for _ in range(min(n, len(self._q)))]
+            taken = [self._q.popleft() for _ in range(min(n, len(self._q)))]
+            if taken:  # at most the runner's in-flight requests stay listed
+                self._taken = [r for r in self._taken if not r.finished] + taken
+            return taken
 
     def idle_wait(self) -> bool:
         with self._cv:
@@ -69,6 +73,13 @@ class LiveQueue(RequestSource):
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+
+    def close_and_fail_taken(self) -> list[Request]:
+        """The runner stopped: no more requests; returns every unfinished one, queued or taken."""
+        left = self.close_and_take()
+        with self._cv:
+            taken, self._taken = [r for r in self._taken if not r.finished], []
+        return taken + left
 
     def close_and_take(self) -> list[Request]:
         """No more requests, and those still waiting leave the queue (a shutdown answers them)."""

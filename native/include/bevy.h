@@ -88,6 +88,11 @@ BEVY_API bevy_link * bevy_link_file_new(const char * path);
 BEVY_API bevy_link * bevy_link_ram_new(const char * path, const uint64_t * offsets, const uint64_t * sizes, int32_t n);
 // a token bucket of bytes_per_s over inner, which it takes over (do not free inner)
 BEVY_API bevy_link * bevy_link_throttle_new(bevy_link * inner, double bytes_per_s);
+// faults for tests over inner, which it takes over: by read count (1-based), every error_every-th
+// read fails, every short_every-th reads half and fails as a short read, every stall_every-th
+// first sleeps stall_s seconds (0: never); emulated
+BEVY_API bevy_link * bevy_link_fault_new(bevy_link * inner, int64_t error_every, int64_t short_every,
+                                         int64_t stall_every, double stall_s);
 BEVY_API void        bevy_link_free(bevy_link * link);
 // writes a one-line description (e.g. "emulated 200 MB/s over file (O_DIRECT)") into buf,
 // truncated to size - 1 bytes; returns the description's full length

@@ -59,6 +59,19 @@ bevy_link * bevy_link_throttle_new(bevy_link * inner, double bytes_per_s) {
     }, nullptr);
 }
 
+bevy_link * bevy_link_fault_new(bevy_link * inner, int64_t error_every, int64_t short_every, int64_t stall_every,
+                                double stall_s) {
+    if (!inner || error_every < 0 || short_every < 0 || stall_every < 0 || !(stall_s >= 0)) {
+        last_error() = "a fault link needs a link and counts and a stall of at least 0";
+        return nullptr;
+    }
+    return guarded([&]() -> bevy_link * {
+        auto link = bevy::make_fault_link(std::move(inner->link), {error_every, short_every, stall_every, stall_s});
+        delete inner;
+        return new bevy_link{std::move(link)};
+    }, nullptr);
+}
+
 void bevy_link_free(bevy_link * link) {
     delete link;
 }

@@ -178,6 +178,60 @@ private:
     std::chrono::steady_clock::time_point free_at_{};
 };
 
+class FaultLink final : public Link {
+public:
+    FaultLink(std::unique_ptr<Link> inner, const FaultPlan & plan) : inner_(std::move(inner)), plan_(plan) {}
+
+    bool read(uint64_t offset, uint64_t nbytes, void * dst, std::string & err) override {
+        const int64_t n = ++reads_;
+        if (every(plan_.stall_every, n)) {
+            std::this_thread::sleep_for(std::chrono::duration<double>(plan_.stall_s));
+        }
+        if (every(plan_.error_every, n)) {
+            err = "I/O error (injected by the fault link: read " + std::to_string(n) + ")";
+            return false;
+        }
+        if (every(plan_.short_every, n)) {
+            const uint64_t half = nbytes / 2;
+            if (half > 0 && !inner_->read(offset, half, dst, err)) {
+                return false;
+            }
+            err = "short read: " + std::to_string(half) + " of " + std::to_string(nbytes) +
+                  " bytes (injected by the fault link: read " + std::to_string(n) + ")";
+            return false;
+        }
+        return inner_->read(offset, nbytes, dst, err);
+    }
+
+    std::string describe() const override {
+        std::string d = "fault-injecting (";
+        auto add = [&](const char * what, int64_t every_n) {
+            if (every_n > 0) {
+                d += (d.back() == '(' ? "" : ", ") + std::string(what) + " every " + std::to_string(every_n) + " reads";
+            }
+        };
+        add("errors", plan_.error_every);
+        add("short reads", plan_.short_every);
+        if (plan_.stall_every > 0) {
+            char buf[64];
+            std::snprintf(buf, sizeof(buf), "%.3g s stalls", plan_.stall_s);
+            add(buf, plan_.stall_every);
+        }
+        return d + ") over " + inner_->describe();
+    }
+
+    bool emulated() const override { return true; }
+
+    uint64_t bounced() const override { return inner_->bounced(); }
+
+private:
+    static bool every(int64_t every_n, int64_t n) { return every_n > 0 && n % every_n == 0; }
+
+    std::unique_ptr<Link> inner_;
+    FaultPlan             plan_;
+    std::atomic<int64_t>  reads_{0};
+};
+
 } // namespace
 
 std::unique_ptr<Link> make_file_link(const std::string & path, std::string & err) {
@@ -224,6 +278,10 @@ std::unique_ptr<Link> make_ram_link(const std::string & path,
 
 std::unique_ptr<Link> make_throttle_link(std::unique_ptr<Link> inner, double bytes_per_s) {
     return std::make_unique<ThrottleLink>(std::move(inner), bytes_per_s);
+}
+
+std::unique_ptr<Link> make_fault_link(std::unique_ptr<Link> inner, const FaultPlan & plan) {
+    return std::make_unique<FaultLink>(std::move(inner), plan);
 }
 
 } // namespace bevy

@@ -40,4 +40,15 @@ std::unique_ptr<Link> make_ram_link(const std::string & path,
 // A token bucket over another link: transfers proceed at most at bytes_per_s in all.
 std::unique_ptr<Link> make_throttle_link(std::unique_ptr<Link> inner, double bytes_per_s);
 
+// Faults for tests, injected into reads of another link by their count (1-based): every
+// error_every-th read fails, every short_every-th returns half its bytes (and fails as a short
+// read), every stall_every-th sleeps stall_s seconds first (0: never).
+struct FaultPlan {
+    int64_t error_every = 0;
+    int64_t short_every = 0;
+    int64_t stall_every = 0;
+    double  stall_s     = 0.0;
+};
+std::unique_ptr<Link> make_fault_link(std::unique_ptr<Link> inner, const FaultPlan & plan);
+
 } // namespace bevy

@@ -333,3 +333,57 @@ def test_brackets_inside_strings_are_not_nesting(server: Server) -> None:
     prompt = "[{" * 50 + "}]" * 50  # 200 brackets in a string: past the fast path, parsed as text
     r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=60)
     assert r.status_code == 200, r.text[:300]
+
+
+@pytest.mark.parametrize("link,failure", [
+    ("fault:error-every=600:ram", "I/O error (injected"),
+    ("fault:short-every=600:ram", "short read"),
+])
+def test_failed_loads_fail_their_requests_only(model: Path, reference: dict[str, str], link: str,
+                                               failure: str) -> None:
+    """A load that fails never marks its slot ready: the requests of the call that needed it get
+    an error naming the failure (500, or an error event when streaming), the others answer as
+    they would without faults, and the server stays healthy with nothing left running."""
+    s = Server(model, "--parallel", "2", "--expert-cache", "25%", "--ctx-size", "256", "--link", link)
+    try:
+        def one(prompt: str) -> httpx.Response:
+            return httpx.post(s.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0},
+                              timeout=60)
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(one, PROMPTS))
+        failed = [a for a in answers if a.status_code != 200]
+        assert failed and len(failed) < len(answers)
+        for a in failed:
+            assert a.status_code == 500 and failure in a.json()["error"]["message"], a.text
+        for prompt, a in zip(PROMPTS, answers):
+            if a.status_code == 200:
+                assert a.json()["choices"][0]["text"].startswith(reference[prompt]), prompt
+        stream = httpx.post(s.url + "/v1/completions", timeout=60, json={
+            "prompt": PROMPTS[0], "max_tokens": 40, "temperature": 0, "stream": True}).text
+        assert "data: [DONE]" in stream
+        assert httpx.get(s.url + "/health", timeout=5).status_code == 200
+        wait_for(lambda: s.metrics()["bevy_requests_running"] == 0)
+    finally:
+        s.stop()
+
+
+def test_a_stalled_link_fails_the_waiting_requests_at_the_wait_timeout(model: Path) -> None:
+    s = Server(model, "--parallel", "2", "--expert-cache", "25%", "--ctx-size", "256", "--wait-timeout", "1",
+               "--link", "fault:stall-every=400,stall=3:ram")
+    try:
+        def one(prompt: str) -> tuple[int, str]:
+            r = httpx.post(s.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0},
+                           timeout=60)
+            return r.status_code, r.text
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(one, PROMPTS[:8]))
+        codes = [code for code, _ in answers]
+        assert 500 in codes and 200 in codes, codes
+        for code, text in answers:  # the hook's wait in a call, or the scheduler's with nothing to run
+            if code == 500:
+                assert "timed out after 1000 ms" in text or "timed out after 1 s" in text, text
+        assert httpx.get(s.url + "/health", timeout=5).status_code == 200
+    finally:
+        s.stop()

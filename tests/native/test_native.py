@@ -138,3 +138,23 @@ def test_next_use_beats_lru_on_a_cycle() -> None:
     visits = [(il, list(range(4))) for _ in range(20) for il in range(4)]  # 16 experts, 12 slots
     assert replay_policy("lru", visits, 4, 4, 12) == 0
     assert replay_policy("next-use", visits, 4, 4, 12) > 0.5 * belady_hits(visits, 12)
+
+
+def test_fault_link_fails_reads_by_count_and_says_so(blob: tuple[Path, bytes]) -> None:
+    from bevy_gguf._native.bevy_handles import Link
+
+    path, data = blob
+    link = Link.file(path).fault(error_every=3, short_every=5)
+    assert link.emulated() and link.describe().startswith("fault-injecting (errors every 3 reads, short reads every 5")
+    lib = native.libbevy()
+    outcomes = []
+    for _ in range(6):
+        buf = ctypes.create_string_buffer(100)
+        ok = lib.bevy_link_read(link.handle, 10, 100, buf) == 0
+        outcomes.append("ok" if ok else native.last_error())
+        if ok:
+            assert buf.raw == data[10:110]
+    assert outcomes[0] == outcomes[1] == outcomes[3] == "ok"
+    assert "I/O error (injected" in outcomes[2] and "I/O error (injected" in outcomes[5]
+    assert outcomes[4].startswith("short read: 50 of 100 bytes")
+    link.close()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bevy_gguf.config import EngineConfig, physical_cores
+from bevy_gguf.config import EngineConfig, LinkSpec, physical_cores
 from bevy_gguf.errors import BevyError
 
 
@@ -28,6 +28,10 @@ def test_defaults_read_the_machine_not_a_constant() -> None:
     ({"expert_cache": "lots"}, "give a percentage"),
     ({"link": "nfs"}, "choose file, ram, or throttle"),
     ({"link": "throttle:fast"}, "write it like 200MB/s"),
+    ({"link": "fault:boom=1"}, "'boom=1' is not a fault; write fault:error-every=N"),
+    ({"link": "fault:error-every=0"}, "'error-every=0' is not a fault"),
+    ({"link": "fault:stall=2"}, "a stall needs both stall-every=N and stall=SECONDS"),
+    ({"link": "fault:error-every=5:nfs"}, "a fault goes over file or ram"),
     ({"wait_timeout_s": 0}, "wait timeout must be positive"),
     ({"n_ctx": 1}, "n_ctx must be an integer of at least 2"),
     ({"flash_attn": "yes"}, "choose one of auto, off, on"),
@@ -43,3 +47,10 @@ def test_from_kwargs_keeps_what_it_knows_and_returns_the_rest() -> None:
     assert (cfg.n_parallel, cfg.scheduler, cfg.model) == (3, "blocking", Path("m.gguf"))
     assert rest == {"verbose": True, "top_p": 0.5}
     assert cfg.cache_bytes(1000) == 250 and cfg.link_spec.base == "file" and cfg.flash_attn_type == -1
+
+
+def test_fault_links_parse_to_the_native_plan() -> None:
+    spec = LinkSpec.parse("fault:error-every=7,stall-every=3,stall=0.5:ram")
+    assert spec.base == "ram" and spec.rate is None
+    assert spec.fault_plan() == {"error_every": 7, "short_every": 0, "stall_every": 3, "stall_s": 0.5}
+    assert LinkSpec.parse("fault:short-every=2").base == "file"

@@ -18,6 +18,7 @@ from bevy_gguf.engine.expert_cache import ExpertCache
 from bevy_gguf.engine.request import MULTIBYTE_SLACK, Request
 from bevy_gguf.engine.source import FixedSource, RequestSource
 from bevy_gguf.engine.stats import BatchCall, RunStats
+from bevy_gguf.errors import BevyError
 
 
 def context_params(requests: list[Request], n_parallel: int, n_threads: int,
@@ -139,6 +140,10 @@ class BatchedRunner:
             self.cache.begin(ctx, len(stats.calls))
         try:
             outputs = ctx.decode(batch)
+        except BevyError as e:  # a load failed or timed out: the call's requests fail, the loop goes on
+            for i in {i for i, _, _ in rows}:
+                requests[i].fail(str(e))
+            return
         finally:
             if self.cache is not None:
                 self.cache.end(ctx)

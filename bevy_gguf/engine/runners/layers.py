@@ -95,6 +95,7 @@ class SelfBalancingRunner:
         self.load_contention_s = 0.0  # ... compute seconds a load moving during a call adds to it
         self.load_alone_s = 0.0  # ... link seconds per load with nothing computing (0: not measured)
         self.calls = 0  # layer-range calls of the last serve
+        self.calibration_error: str | None = None  # why a start-up measurement failed (a load), if one did
         self.two_pass_calls = 0  # ... of them, those that ran two passes
 
     def lanes_for(self, n_seq: int, asked: int | None = None) -> int:
@@ -180,9 +181,13 @@ class SelfBalancingRunner:
             if most == 1 or not calibration_layers(self.cache, n_seq):
                 self.lane_memo[key] = 1
             else:
-                with self.cache.not_learning():
-                    self.lane_memo[key], self.lane_seconds = choose_lanes(
-                        self.model, self.cache, dataclasses.replace(params, n_threads=self.n_threads), [1, most])
+                try:
+                    with self.cache.not_learning():
+                        self.lane_memo[key], self.lane_seconds = choose_lanes(
+                            self.model, self.cache, dataclasses.replace(params, n_threads=self.n_threads), [1, most])
+                except BevyError as e:  # a load failed (the link): run one lane, measure again next time
+                    self.calibration_error = str(e)
+                    return 1
         return self.lane_memo[key]
 
     def _measured_step_costs(self, params: ContextParams, lanes: int) -> StepCosts | None:
@@ -194,8 +199,12 @@ class SelfBalancingRunner:
         key = (seqs, threads)
         if key not in self.pass_memo:
             lane_params = dataclasses.replace(params, n_seq_max=seqs, n_threads=threads)
-            with self.cache.not_learning():
-                self.pass_memo[key] = time_step_costs(self.model, self.cache, lane_params)
+            try:
+                with self.cache.not_learning():
+                    self.pass_memo[key] = time_step_costs(self.model, self.cache, lane_params)
+            except BevyError as e:  # a load failed (the link): decode unmeasured, measure again next time
+                self.calibration_error = str(e)
+                return None
         return self.pass_memo[key]
 
     def _lane_prefilled(self, lane: _Lane) -> None:
@@ -326,7 +335,7 @@ class _Lane:
             if p.group is None:  # nothing is ready: wait for a load (counted as stall)
                 lead = min((flights[i] for i in p.waiting), key=lambda f: f.lag)
                 if not self.cache.wait(since, WAIT_SLICE_MS, lead.layer):
-                    self._check_timeout(flights)
+                    self._check_timeout(requests, flights)
                 continue
             step += 1
             if self.t_decode0 is None and not any(f.prefill for f in flights):
@@ -418,13 +427,18 @@ class _Lane:
                 self.miss_rate[il] += alpha * (dm / (dh + dm) - self.miss_rate[il])
                 self._seen[il] = (hits[il], misses[il])
 
-    def _check_timeout(self, flights: list[Flight]) -> None:
+    def _check_timeout(self, requests: list[Request], flights: list[Flight]) -> None:
+        """Nothing ran for wait_timeout_s: the flights waiting for loads fail (the loop drops them
+        at its next step); the others, and the lane, go on."""
         now = time.perf_counter()
         if self._waiting_since is None:
             self._waiting_since = now
         elif now - self._waiting_since > self.runner.wait_timeout_s:
-            stuck = ", ".join(f"request {f.index} at layer {f.layer}" for f in flights if not f.ready)
-            raise BevyError(f"timed out after {self.runner.wait_timeout_s:.0f} s waiting for experts ({stuck})")
+            for f in flights:
+                if not f.ready:
+                    requests[f.index].fail(f"timed out after {self.runner.wait_timeout_s:g} s waiting for experts "
+                                           f"(at layer {f.layer})")
+            self._waiting_since = None
 
     def _run_group(self, ctx: Context, requests: list[Request], flights: list[Flight], group: Group,
                    t0: float, stats: RunStats) -> None:
