@@ -387,3 +387,22 @@ def test_a_stalled_link_fails_the_waiting_requests_at_the_wait_timeout(model: Pa
         assert httpx.get(s.url + "/health", timeout=5).status_code == 200
     finally:
         s.stop()
+
+
+def test_a_gguf_replaced_while_serving_keeps_serving_the_file_it_opened(model: Path, tmp_path: Path,
+                                                                       reference: dict[str, str]) -> None:
+    """A new file renamed over the GGUF (how models are updated): the server's mapping and its
+    link keep the file they opened, so answers stay those of that model."""
+    copy = tmp_path / "model.gguf"
+    copy.write_bytes(model.read_bytes())
+    s = Server(copy, "--parallel", "2", "--expert-cache", "25%", "--ctx-size", "256", "--link", "file")
+    try:
+        other = tmp_path / "other.gguf"
+        other.write_bytes(b"GGUF" + bytes(1000))
+        other.replace(copy)
+        for prompt in PROMPTS[:4]:
+            r = httpx.post(s.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0},
+                           timeout=60)
+            assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith(reference[prompt])
+    finally:
+        s.stop()
