@@ -360,8 +360,14 @@ def test_failed_loads_fail_their_requests_only(model: Path, reference: dict[str,
             if a.status_code == 200:
                 assert a.json()["choices"][0]["text"].startswith(reference[prompt]), prompt
         stream = httpx.post(s.url + "/v1/completions", timeout=60, json={
-            "prompt": PROMPTS[0], "max_tokens": 40, "temperature": 0, "stream": True}).text
-        assert "data: [DONE]" in stream
+            "prompt": PROMPTS[0], "max_tokens": 40, "temperature": 0, "stream": True})
+        if stream.status_code == 200:  # an SSE stream to its end, with an error event if a load failed in it
+            assert stream.text.endswith("data: [DONE]\n\n")
+            errors = [json.loads(line[6:]) for line in stream.text.splitlines()
+                      if line.startswith("data: {") and '"error"' in line]
+            assert all(failure in e["error"]["message"] for e in errors), errors
+        else:  # it failed before its first token: a status, as any request (app.first_event)
+            assert stream.status_code == 500 and failure in stream.json()["error"]["message"], stream.text
         assert httpx.get(s.url + "/health", timeout=5).status_code == 200
         wait_for(lambda: s.metrics()["bevy_requests_running"] == 0)
     finally:
