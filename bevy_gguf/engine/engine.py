@@ -126,7 +126,7 @@ class LLMEngine:
                 self.serve_stats = runner.serve(self._queue, params)
             except Exception as e:  # noqa: BLE001 - reported by serve_error (the server's /health)
                 self.serve_error = f"{type(e).__name__}: {e}"
-                for req in self._queue.close_and_fail_taken():  # nobody decodes them now: answer them
+                for req in self._queue.close_and_take_unfinished():  # nobody decodes them now: answer them
                     req.fail(f"the serving loop stopped: {self.serve_error}")
 
         self._thread = threading.Thread(target=serve, name="bevy-serve", daemon=True)

@@ -74,7 +74,7 @@ class LiveQueue(RequestSource):
             self._closed = True
             self._cv.notify_all()
 
-    def close_and_fail_taken(self) -> list[Request]:
+    def close_and_take_unfinished(self) -> list[Request]:
         """The runner stopped: no more requests; returns every unfinished one, queued or taken."""
         left = self.close_and_take()
         with self._cv:

@@ -21,7 +21,7 @@ from bevy_gguf.engine.sampling import Sampler, SamplingParams
 from bevy_gguf.server.chat import render_chat
 from bevy_gguf.server.engine import SHUTTING_DOWN, ServingEngine
 from bevy_gguf.server.limits import BodyLimits
-from bevy_gguf.server.types import ChatRequest, CompletionRequest, ServerSettings
+from bevy_gguf.server.types import ChatRequest, CompletionRequest, ServerSettings, error_body
 
 RETRY_AFTER_S = 1
 
@@ -33,10 +33,6 @@ class ApiError(Exception):
                  headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.headers = status, message, type_, param, headers
-
-
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:

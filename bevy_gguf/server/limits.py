@@ -12,6 +12,8 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from bevy_gguf.server.types import error_body
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -88,8 +90,7 @@ class BodyLimits:
 
     @staticmethod
     async def _refuse(send: Send, status: int, message: str) -> None:
-        body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                     "code": None}}).encode()
+        body = json.dumps(error_body(message, "invalid_request_error")).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})

@@ -1,4 +1,5 @@
-"""Request bodies of the HTTP API (OpenAI's shapes, the supported subset) and server settings."""
+"""Request bodies of the HTTP API (OpenAI's shapes, the supported subset), its error body, and
+server settings."""
 
 from __future__ import annotations
 
@@ -6,6 +7,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 class _Sampling(BaseModel):

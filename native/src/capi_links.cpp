@@ -18,6 +18,16 @@ bevy_link * wrap(std::unique_ptr<bevy::Link> link, const std::string & err) {
     return new bevy_link{std::move(link)};
 }
 
+// a link made over inner (make: the unique_ptr of inner's link -> the new link), which takes inner over
+template <typename Make>
+bevy_link * wrap_over(bevy_link * inner, Make make) {
+    return guarded([&]() -> bevy_link * {
+        auto link = make(std::move(inner->link));
+        delete inner;
+        return new bevy_link{std::move(link)};
+    }, nullptr);
+}
+
 } // namespace
 
 std::string & bevy::capi::last_error() {
@@ -52,11 +62,9 @@ bevy_link * bevy_link_throttle_new(bevy_link * inner, double bytes_per_s) {
         last_error() = "a throttle needs a link and a positive rate";
         return nullptr;
     }
-    return guarded([&]() -> bevy_link * {
-        auto link = bevy::make_throttle_link(std::move(inner->link), bytes_per_s);
-        delete inner;
-        return new bevy_link{std::move(link)};
-    }, nullptr);
+    return wrap_over(inner, [&](std::unique_ptr<bevy::Link> link) {
+        return bevy::make_throttle_link(std::move(link), bytes_per_s);
+    });
 }
 
 bevy_link * bevy_link_fault_new(bevy_link * inner, int64_t error_every, int64_t short_every, int64_t stall_every,
@@ -65,11 +73,9 @@ bevy_link * bevy_link_fault_new(bevy_link * inner, int64_t error_every, int64_t 
         last_error() = "a fault link needs a link and counts and a stall of at least 0";
         return nullptr;
     }
-    return guarded([&]() -> bevy_link * {
-        auto link = bevy::make_fault_link(std::move(inner->link), {error_every, short_every, stall_every, stall_s});
-        delete inner;
-        return new bevy_link{std::move(link)};
-    }, nullptr);
+    return wrap_over(inner, [&](std::unique_ptr<bevy::Link> link) {
+        return bevy::make_fault_link(std::move(link), {error_every, short_every, stall_every, stall_s});
+    });
 }
 
 void bevy_link_free(bevy_link * link) {

@@ -22,9 +22,9 @@ def test_a_stopped_runner_leaves_no_request_unanswered() -> None:
     reqs[1].fail("done")
     assert q.take(1) == [reqs[3]]
     assert len(q._taken) == 3  # the finished one was dropped when the runner took again
-    left = q.close_and_fail_taken()
+    left = q.close_and_take_unfinished()
     assert left == [reqs[0], reqs[2], reqs[3], reqs[4], reqs[5]]
-    assert not q.put(request(9)) and q.close_and_fail_taken() == []
+    assert not q.put(request(9)) and q.close_and_take_unfinished() == []
 
 
 def test_close_and_take_refuses_new_requests_and_returns_the_queued() -> None:

@@ -95,8 +95,8 @@ class SelfBalancingRunner:
         self.load_contention_s = 0.0  # ... compute seconds a load moving during a call adds to it
         self.load_alone_s = 0.0  # ... link seconds per load with nothing computing (0: not measured)
         self.calls = 0  # layer-range calls of the last serve
-        self.calibration_error: str | None = None  # why a start-up measurement failed (a load), if one did
         self.two_pass_calls = 0  # ... of them, those that ran two passes
+        self.calibration_error: str | None = None  # ... why a start-up measurement failed (a load), if one did
 
     def lanes_for(self, n_seq: int, asked: int | None = None) -> int:
         """How many lanes: as asked, but at most one per thread and per sequence, while the
@@ -125,6 +125,7 @@ class SelfBalancingRunner:
         """Decode what source gives, as it comes (params.n_seq_max in flight at most); with
         hold_decode, generated tokens wait while any prompt prefills (in any lane)."""
         n_seq = params.n_seq_max
+        self.calibration_error = None
         k = self.lanes_used = self.lanes_for(n_seq) if self.lanes else self._measured_lanes(params)
         costs = self._measured_step_costs(params, k)
         self.pass_overhead_s = costs.pass_overhead_s if costs and self.two_pass else None
