@@ -259,6 +259,8 @@ def refused(s: Server) -> bool:
         assert httpx.get(s.url + "/health", timeout=5).status_code == 503
     except httpx.ConnectError:
         return True
+    except httpx.RemoteProtocolError:  # accepted as the socket closed, then closed unanswered: look again
+        return False
     return False
 
 
