@@ -19,6 +19,7 @@ ENGINES = ("bevy", "stock")
 EVICTIONS = ("next-use", "lru", "random")
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # LLAMA_FLASH_ATTN_TYPE_*
 TWO_PASS = ("auto", "on", "off")
+RUNAHEAD = ("auto", "on", "off")
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -144,6 +145,8 @@ class EngineConfig:
     two_pass: str = "auto"               # auto | on | off: a MoE layer computes its loaded experts while the
                                          # others load (auto: bevy and bevy-ctx; blocking and prefetch stand
                                          # for llama.cpp's stall on a missing expert)
+    runahead: str = "auto"               # bevy: auto | on | off: flights whose experts are in run ahead (auto:
+                                         # on or off, whichever decodes faster, measured as it runs)
     repack: bool = True                  # llama.cpp's weight repacking (-nr/--no-repack: off): stock copies
                                          # repackable weights (Q4_0, Q4_K, ... on AVX2) into memory of its own
     # device options (where the expert cache lives) join here; today it is host memory
@@ -172,6 +175,8 @@ class EngineConfig:
             raise BevyError(f"unknown eviction policy {self.eviction!r}: choose one of {', '.join(EVICTIONS)}")
         if self.two_pass not in TWO_PASS:
             raise BevyError(f"two_pass {self.two_pass!r}: choose one of {', '.join(TWO_PASS)}")
+        if self.runahead not in RUNAHEAD:
+            raise BevyError(f"runahead {self.runahead!r}: choose one of {', '.join(RUNAHEAD)}")
         if not isinstance(self.split_factor, (int, float)) or self.split_factor < 0:
             raise BevyError(f"split_factor must be a number of at least 0, got {self.split_factor!r}")
         if not self.wait_timeout_s > 0:

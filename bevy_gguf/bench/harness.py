@@ -57,6 +57,7 @@ class BenchConfig:
     split_factor: float = 1.0  # bevy's
     lanes: int = 0  # bevy's (0: measured)
     two_pass: str = "auto"  # every bevy-gguf system's (see EngineConfig)
+    runahead: str = "auto"  # bevy's
 
     def __post_init__(self) -> None:
         for system in self.systems:
@@ -82,7 +83,8 @@ def _spec(cfg: BenchConfig, system: str, cache: str, link: str, trace_events: in
     return {"model": str(cfg.model), "system": variant.base, "cache": cache, "link": link, "parallel": cfg.parallel,
             "requests": cfg.requests, "threads": cfg.threads, "prompt_tokens": cfg.prompt_tokens, "steps": cfg.steps,
             "workload": cfg.workload, "seed": cfg.seed, "eviction": cfg.eviction, "trace_events": trace_events,
-            "split_factor": cfg.split_factor, "lanes": cfg.lanes, "two_pass": cfg.two_pass} | variant.options
+            "split_factor": cfg.split_factor, "lanes": cfg.lanes, "two_pass": cfg.two_pass,
+            "runahead": cfg.runahead} | variant.options
 
 
 def run_worker(spec: dict[str, Any], cap: MemoryCap | None = None) -> dict[str, Any]:
@@ -158,6 +160,7 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
                                         if r.get("two_pass_overhead_s") is not None]),
         "load_contention_s": _median([r["load_contention_s"] for r in ok if r.get("load_contention_s") is not None]),
         "load_alone_s": _median([r["load_alone_s"] for r in ok if r.get("load_alone_s")]),
+        "runahead": [r["runahead"] for r in ok if r.get("runahead")] or None,  # per run (runahead.py)
     }
     if counters and counters[0].get("prefetch_loads"):
         tp = sum(c["prefetch_hits"] for c in counters)

@@ -104,6 +104,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
                              f"{1e6 * m['per_layer']:.0f} | {1e6 * m['per_token_layer']:.1f} | "
                              f"{1e6 * m['per_expert']:.1f} | {1e9 * m['per_context_layer']:.1f} | "
                              f"{_fmt(r.get('load_s') and 1e3 * r['load_s'], '.2f')} |")
+    lines += _runahead_table(report, sweep)
     touched, n_experts = p.get("touched_experts"), p.get("n_experts")
     if touched and n_experts:
         lines += ["", f"The recorded order touches {touched} of the {n_experts} experts "
@@ -123,6 +124,26 @@ def markdown(report: dict[str, Any], command: str) -> str:
               " time at least one graph computes; link busy = time at least one transfer is in flight; overlap "
               "efficiency = max(compute busy, link busy) / decode wall time.", ""]
     return "\n".join(lines)
+
+
+def _runahead_table(report: dict[str, Any], sweep: bool) -> list[str]:
+    """What each bevy run measured of runahead (engine/runahead.py): its epochs with it and
+    without (groups whole), and each mode's rate in token-layers per second."""
+    rows = [r for r in report["runs"] if r.get("runahead")]
+    if not rows:
+        return []
+    lines = ["", "Runahead as each run of `bevy` measured it (engine/runahead.py: epochs of about two steps, "
+             "with runahead and with groups kept whole in turn, then the faster; per run: epochs on / whole, "
+             "and each mode's rate in k token-layers/s):", "",
+             "| system | cache | " + ("link | " if sweep else "") + "epochs on / whole | k token-layers/s on / whole |",
+             "|---|---|" + ("---|" if sweep else "") + "---|---|"]
+    for r in rows:
+        link = f"{_link_cell(r.get('link_point'))} | " if sweep else ""
+        epochs = ", ".join(f"{m['runahead_epochs']} / {m['whole_epochs']}" for m in r["runahead"])
+        rates = ", ".join(f"{_fmt(m['runahead_rate'] and m['runahead_rate'] / 1e3, '.2f')} / "
+                          f"{_fmt(m['whole_rate'] and m['whole_rate'] / 1e3, '.2f')}" for m in r["runahead"])
+        lines.append(f"| {r['system']} | {r['cache']:.0f}% | {link}{epochs} | {rates} |")
+    return lines
 
 
 def _calls(row: dict[str, Any]) -> str:

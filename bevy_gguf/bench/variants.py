@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bevy_gguf.config import EVICTIONS, TWO_PASS
+from bevy_gguf.config import EVICTIONS, RUNAHEAD, TWO_PASS
 from bevy_gguf.errors import BevyError
 
 # option name in a variant -> (spec key, how its value is read)
 OPTIONS: dict[str, tuple[str, Any]] = {
     "two-pass": ("two_pass", str),
+    "runahead": ("runahead", str),
     "split-factor": ("split_factor", float),
     "lanes": ("lanes", int),
     "eviction": ("eviction", str),
@@ -65,6 +66,8 @@ def parse_system(name: str, systems: tuple[str, ...], variable: tuple[str, ...])
 def _check(name: str, key: str, value: Any) -> None:
     if key == "two-pass" and value not in TWO_PASS:
         raise BevyError(f"{name}: two-pass={value}: choose one of {', '.join(TWO_PASS)}")
+    if key == "runahead" and value not in RUNAHEAD:
+        raise BevyError(f"{name}: runahead={value}: choose one of {', '.join(RUNAHEAD)}")
     if key == "eviction" and value not in EVICTIONS:
         raise BevyError(f"{name}: eviction={value}: choose one of {', '.join(EVICTIONS)}")
     if key in ("split-factor", "lanes") and value < 0:

@@ -54,7 +54,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                           n_threads=spec["threads"], expert_cache=spec.get("cache", "100%"),
                           link=spec.get("link", "file"), eviction=spec.get("eviction", "next-use"),
                           split_factor=spec.get("split_factor", 1.0), lanes=spec.get("lanes", 0),
-                          two_pass=spec.get("two_pass", "auto"), repack=spec.get("repack", True))
+                          two_pass=spec.get("two_pass", "auto"),
+                          runahead=spec.get("runahead", "auto"), repack=spec.get("repack", True))
     result = run_requests(config, make_requests, trace_events=0 if stock else spec.get("trace_events", 0))
     s = result.stats
     out: dict[str, Any] = {

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from bevy_gguf.config import ENGINES, EVICTIONS, FLASH_ATTN, TWO_PASS, EngineConfig, physical_cores
+from bevy_gguf.config import ENGINES, EVICTIONS, FLASH_ATTN, RUNAHEAD, TWO_PASS, EngineConfig, physical_cores
 from bevy_gguf.engine.registry import DEFAULT_SCHEDULER, help_text, scheduler_names
 from bevy_gguf.errors import BevyError
 from bevy_gguf.synth.spec import ARCHS, DTYPES, QUANTIZE_TYPES, ModelSpec
@@ -73,7 +73,8 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
                   flash_attn=args.flash_attn, expert_cache=args.expert_cache, link=args.link,
                   eviction=args.eviction, link_workers=args.link_workers, wait_timeout_s=args.wait_timeout,
                   lanes=getattr(args, "lanes", 0), split_factor=getattr(args, "split_factor", 1.0),
-                  two_pass=getattr(args, "two_pass", "auto"), repack=not getattr(args, "no_repack", False))
+                  two_pass=getattr(args, "two_pass", "auto"),
+                  runahead=getattr(args, "runahead", "auto"), repack=not getattr(args, "no_repack", False))
     return EngineConfig(**(values | overrides))
 
 
@@ -154,7 +155,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       eviction=args.eviction, repeats=args.repeats,
                       systems=[s for s in args.systems.split(",") if s], caches=sweeps["cache"],
                       links=sweeps["link"], workload=args.workload, timeline=bool(args.out),
-                      split_factor=args.split_factor, lanes=args.lanes, two_pass=args.two_pass)
+                      split_factor=args.split_factor, lanes=args.lanes, two_pass=args.two_pass,
+                      runahead=args.runahead)
     from bevy_gguf.gguf_info import inspect_model
 
     inspect_model(cfg.model)
@@ -222,6 +224,10 @@ def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: b
                    help="compute each MoE layer's loaded experts while its missing ones load, then those "
                         "(the logits of one pass; default auto: bevy and bevy-ctx do, blocking and prefetch "
                         "stall as llama.cpp does)")
+    p.add_argument("--runahead", choices=RUNAHEAD, default="auto",
+                   help="bevy: requests whose experts are in run ahead to later layers while the others' load "
+                        "(on), or groups stay whole, one call per step as blocking (off); default auto: "
+                        "whichever decodes faster, measured in turn as it runs")
     p.add_argument("--split-factor", type=float, default=1.0, metavar="X",
                    help="bevy: a group waits for a request whose experts land within X times the group's "
                         "compute, as the cost model measured on this machine predicts (0: run whatever is ready)")
@@ -276,14 +282,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cache points (cache=25%%,50%%,90%%) or link points (link=throttle:0.5GB/s:ram,"
                          "throttle:2GB/s:ram); give both for every pair")
     be.add_argument("--systems", default="stock-resident,stock-offload,blocking,prefetch,bevy-ctx,bevy",
-                    help="comma-separated; a variant NAME:option=value[:...] (options two-pass, split-factor, "
-                         "lanes, eviction) runs beside its base system for an in-run A/B, e.g. bevy:two-pass=off")
+                    help="comma-separated; a variant NAME:option=value[:...] (options two-pass, runahead, "
+                         "split-factor, lanes, eviction) runs beside its base system for an in-run A/B, "
+                         "e.g. bevy:two-pass=off")
     be.add_argument("--link", default="file")
     be.add_argument("--eviction", choices=EVICTIONS, default="next-use")
     be.add_argument("--repeats", type=positive("--repeats"), default=3)
     be.add_argument("--split-factor", type=float, default=1.0, metavar="X", help="bevy's (see run --help)")
     be.add_argument("--lanes", type=int, default=0, help="bevy's (see run --help)")
     be.add_argument("--two-pass", choices=TWO_PASS, default="auto", help="for every bevy-gguf system (see run --help)")
+    be.add_argument("--runahead", choices=RUNAHEAD, default="auto", help="bevy's (see run --help)")
     be.add_argument("--workload", choices=["text", "generate"], default="text",
                     help="text: teacher-forced workload texts; generate: greedy generation")
     be.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=16)

@@ -45,7 +45,8 @@ class Runner(Protocol):
 # (bevy's; None for the runners without it)
 RUNNER_STATS = {"lanes": "lanes_used", "two_pass_overhead_s": "pass_overhead_s",
                 "load_contention_s": "load_contention_s", "load_alone_s": "load_alone_s",
-                "two_pass_calls": "two_pass_calls", "layer_calls": "calls", "calibration_error": "calibration_error"}
+                "two_pass_calls": "two_pass_calls", "layer_calls": "calls", "calibration_error": "calibration_error",
+                "runahead": "runahead_stats"}
 
 
 class LLMEngine:
@@ -90,7 +91,7 @@ class LLMEngine:
             runner = SelfBalancingRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash,
                                          wait_timeout_s=cfg.wait_timeout_s, lanes=cfg.lanes,
                                          split_factor=cfg.split_factor, lane_memo=self._lane_memo,
-                                         two_pass=two_pass, pass_memo=self._pass_memo)
+                                         two_pass=two_pass, pass_memo=self._pass_memo, runahead=cfg.runahead)
         elif self.scheduler.runner == "contexts":
             runner = ContextRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash, two_pass=two_pass)
         else:

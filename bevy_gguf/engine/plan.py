@@ -35,6 +35,7 @@ Policy (parameters in PolicyParams):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -106,6 +107,8 @@ class PolicyParams:
                                # group's predicted compute (0: never wait, run what is ready)
     two_pass: bool = False     # MoE layers compute their loaded experts while the others load (patch
                                # 0004): a flight whose loads are under way may run; its call waits for them
+    keep_whole: bool = False   # no runahead (runahead.py): wait for every flight whose loads are under way
+                               # (at the group's layer or behind), however long they take
 
 
 Cost = Callable[[list[Flight]], float | None]  # predicted compute seconds of a group of flights (None: unknown)
@@ -126,13 +129,25 @@ def plan(flights: list[Flight], params: PolicyParams, cost: Cost | None = None) 
     layer = flights[lead].layer
     members = _members(flights, eligible, layer, params)
     group = Group(tuple(members), layer)
-    predicted = cost([flights[i] for i in members]) if cost is not None and params.split_factor > 0 else None
-    if predicted is not None:
+    limit = _wait_limit(flights, members, params, cost)
+    if limit is not None:
         soon = tuple(i for i in waiting if _worth_waiting(flights[i], flights[lead], layer, holding)
-                     and flights[i].eta <= params.split_factor * predicted)
+                     and flights[i].eta <= limit)
         if soon:
             return Plan(None, waiting, wait_for=soon, wait_s=max(flights[i].eta for i in soon))
     return Plan(group, waiting)
+
+
+def _wait_limit(flights: list[Flight], members: list[int], params: PolicyParams, cost: Cost | None) -> float | None:
+    """How soon a flight's loads must land for the group to wait for it: split_factor times the
+    group's predicted compute (None: never wait; no cost model, or a split factor of 0), or
+    without runahead (keep_whole) however long they take."""
+    if params.keep_whole:
+        return math.inf
+    if cost is None or params.split_factor <= 0:
+        return None
+    predicted = cost([flights[i] for i in members])
+    return None if predicted is None else params.split_factor * predicted
 
 
 def _plan_two_pass(flights: list[Flight], params: PolicyParams, cost: Cost | None, holding: bool,
@@ -151,24 +166,24 @@ def _plan_two_pass(flights: list[Flight], params: PolicyParams, cost: Cost | Non
         # nothing ready: the most lagging flight runs if its loads land within what its group
         # computes meanwhile (a call waiting longer in the hook would keep the lane from running
         # whichever flight is ready first, and from revealing its next experts to the link)
-        if not loading or cost is None or params.split_factor <= 0:
+        if not loading:
             return Plan(None, waiting)
         lead = min(loading, key=lambda i: flights[i].lag)
         layer = flights[lead].layer
-        predicted = cost([flights[i] for i in _members(flights, loading, layer, params)])
-        if predicted is None:
+        limit = _wait_limit(flights, _members(flights, loading, layer, params), params, cost)
+        if limit is None:
             return Plan(None, waiting)
-        soon = [i for i in loading if flights[i].eta <= params.split_factor * predicted]
+        soon = [i for i in loading if flights[i].eta <= limit]
         if lead not in soon:
             return Plan(None, waiting)
         return Plan(Group(tuple(_members(flights, soon, layer, params)), layer), waiting)
     lead = min(eligible, key=lambda i: flights[i].lag)
     layer = flights[lead].layer
     members = _members(flights, eligible, layer, params)
-    predicted = cost([flights[i] for i in members]) if cost is not None and params.split_factor > 0 else None
-    if predicted is not None:
+    limit = _wait_limit(flights, members, params, cost)
+    if limit is not None:
         soon = [i for i in waiting if _worth_waiting(flights[i], flights[lead], layer, holding)
-                and flights[i].eta <= params.split_factor * predicted]
+                and flights[i].eta <= limit]
         if soon:  # the flights a one-pass plan would wait for run now: beside the group, or first
             candidates = eligible + soon
             layer = flights[min(candidates, key=lambda i: flights[i].lag)].layer
@@ -235,7 +250,8 @@ class MergeCosts:
 
 
 def call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, top_k: int, n_expert: int,
-             miss_rate: list[float], costs: MergeCosts | None, merge_misses: float | None = None) -> int:
+             miss_rate: list[float], costs: MergeCosts | None, merge_misses: float | None = None,
+             runahead: bool = False) -> int:
     """Where a group's call stops (the il_end of llama_decode_layers): right after its own layer,
     or, when the group holds every flight of its lane (nobody could run while it stalls) and any
     layer's experts for its tokens fit the cache at once, on through each following layer whose
@@ -255,7 +271,9 @@ def call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, to
     Fast loads or rare misses: whole steps in one call (blocking's schedule); slow loads: one
     layer per call. Nothing measured yet (costs None): one layer.
     merge_misses (if given) replaces the cost rule by a fixed bound on the expected misses
-    (recent miss rate x tokens x top_k)."""
+    (recent miss rate x tokens x top_k). With `runahead` (runahead.py measured that splitting
+    pays) a stop is priced at its own cost alone (a call, and the loads' contention): the call
+    stops before every layer whose expected stall is above that."""
     end = 0 if group.layer == FIRST else group.layer + 1
     if len(group.members) < n_flights or min(n_expert, tokens * top_k) > params.max_experts:
         return end
@@ -266,16 +284,18 @@ def call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, to
     if costs is None:
         return end
     while end < params.n_layer and _merged_stall(miss_rate[end], costs, params.two_pass) < _stop_cost(
-            miss_rate[end], costs):
+            miss_rate[end], costs, runahead):
         end += 1
     return end
 
 
-def _stop_cost(miss: float, costs: MergeCosts) -> float:
+def _stop_cost(miss: float, costs: MergeCosts, runahead: bool = False) -> float:
     """What stopping before a layer missing this share of lookups costs: one more call, the
-    group's compute of a layer that runahead must fill before it hides anything, and what the
-    layer's loads take from the calls they then move beside (contention_s each)."""
-    return costs.overhead_s + costs.layer_s + costs.contention_s * miss * costs.distinct
+    group's compute of a layer that runahead must fill before it hides anything (unless runahead
+    is known to pay), and what the layer's loads take from the calls they then move beside
+    (contention_s each)."""
+    fill = 0.0 if runahead else costs.layer_s
+    return costs.overhead_s + fill + costs.contention_s * miss * costs.distinct
 
 
 def _loads_s(miss: float, costs: MergeCosts) -> float:

@@ -30,6 +30,24 @@ def test_bevy_follows_the_margin_rule(tmp_path: Path, runahead_model: Path, cach
     assert got["pinned_after"] == 0
 
 
+@pytest.mark.parametrize("mode", ["auto", "on", "off"])
+def test_with_runahead_and_without_the_margin_rule_holds(tmp_path: Path, mode: str) -> None:
+    """Runahead on, off (groups whole), or both in turn (auto: epochs of three steps here, so 24
+    tokens measure each mode at least twice); the stats say which ran."""
+    model = ensure_model(tiny_spec(layers=4, experts=16, top_k=2), progress=False)
+    ref = stock_alone(model, PROMPTS, 24)
+    got = probe(model, "bevy", "25%", 8, tmp_path, prompts=PROMPTS, max_tokens=24, runahead=mode)
+    margin_ok(ref, {"requests": [{"tokens": r["tokens"]} for r in got["requests"]]}, 8, 24)
+    assert got["pinned_after"] == 0
+    r = got["runahead"]
+    if mode == "auto":
+        assert r["runahead_epochs"] >= 2 and r["whole_epochs"] >= 2, r
+        assert r["runahead_rate"] > 0 and r["whole_rate"] > 0, r
+    else:
+        assert r["whole_epochs" if mode == "on" else "runahead_epochs"] == 0, r
+        assert r["runahead_epochs" if mode == "on" else "whole_epochs"] >= 4, r
+
+
 @pytest.mark.parametrize("cache", ["50%", "twice-minimum"])
 def test_a_single_lane_loads_each_missed_expert_once(tmp_path: Path, runahead_model: Path, cache: str) -> None:
     """One thread, one lane: it keeps its waiting flights' reservations while it computes (the

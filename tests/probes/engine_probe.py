@@ -4,7 +4,8 @@ usage: engine_probe.py MODEL SCHEDULER CACHE PARALLEL SPEC.json
 SPEC: {"prompts": [...], "max_tokens": n, "stop": [...], "bad": [indices of requests given an
 invalid token], "eviction": "...", "seed": n, "cancel": [[request, step], ...] (bevy: cancel a
 request before that scheduling step, wherever its token stands), "threads": n (default 2),
-"link": "..." (default file), "flash_attn": "auto|on|off" (default auto)}
+"link": "..." (default file), "flash_attn": "auto|on|off" (default auto), "runahead": "auto|on|off"
+(default auto)}
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def main() -> int:
     config = EngineConfig(model=model_path, scheduler=scheduler, expert_cache=size, n_parallel=parallel,
                           n_threads=spec.get("threads", 2), link=spec.get("link", "file"),
                           eviction=spec.get("eviction", "next-use"), wait_timeout_s=60, seed=spec.get("seed", 0),
-                          flash_attn=spec.get("flash_attn", "auto"))
+                          flash_attn=spec.get("flash_attn", "auto"), runahead=spec.get("runahead", "auto"))
     with LLMEngine(config) as engine:
         requests = []
         for i, p in enumerate(spec["prompts"]):
@@ -53,7 +54,7 @@ def main() -> int:
             "pinned_after": engine.cache.pinned(),
             "micro_batch": runner.micro_batch, "decode_tokens": stats.decode_tokens,
             "counters": engine.counters(), "link": engine.cache.link_name,
-            "cancelled_at": cancelled_at,
+            "cancelled_at": cancelled_at, "runahead": getattr(runner, "runahead_stats", None),
         }))
     return 0
 

@@ -35,6 +35,7 @@ def test_defaults_read_the_machine_not_a_constant() -> None:
     ({"wait_timeout_s": 0}, "wait timeout must be positive"),
     ({"n_ctx": 1}, "n_ctx must be an integer of at least 2"),
     ({"flash_attn": "yes"}, "choose one of auto, off, on"),
+    ({"runahead": "always"}, "runahead 'always': choose one of auto, on, off"),
 ])
 def test_every_bad_value_is_one_clear_error(bad: dict, fragment: str) -> None:
     with pytest.raises(BevyError, match=None) as e:

@@ -251,3 +251,43 @@ def test_a_second_pass_does_not_pay_where_the_loads_beside_it_cost_what_they_hid
     # a slow link: the same tax is small beside what the first pass covers (2.25 ms of 8 ms of loads)
     slow = MergeCosts(overhead_s=0.001, layer_s=0.003, load_s=0.004, distinct=8, contention_s=0.00008)
     assert two_pass_pays(layers, [0.25] * 4, slow, 1e-3, loading=False)
+
+
+WHOLE = PolicyParams(n_layer=4, max_tokens=64, max_experts=16, hold_decode=False, keep_whole=True)
+
+
+def test_without_runahead_a_group_waits_for_every_flight_at_its_layer_or_behind_however_late() -> None:
+    flights = [flight(0, 2, experts=(1,)), flight(1, 2, experts=(2,)), waiter(2, 2, eta=5.0)]
+    assert plan(flights, P, per_flight(0.002)).group == Group((0, 1), 2)  # with runahead: left behind
+    p = plan(flights, WHOLE, per_flight(0.002))
+    assert p.group is None and p.wait_for == (2,) and p.wait_s == 5.0
+    assert plan(flights, WHOLE).wait_for == (2,)  # with no cost model yet, too
+    ahead = [flight(0, 1, experts=(1,)), waiter(1, 3, eta=0.5)]  # ahead: the laggard runs (and catches up)
+    assert plan(ahead, WHOLE, per_flight(0.01)).group == Group((0,), 1)
+    held = [flight(0, 2, experts=(1,)), waiter(1, 2, eta=0.5, held=True)]  # waited for once: go on
+    assert plan(held, WHOLE, per_flight(0.01)).group == Group((0,), 2)
+
+
+def test_without_runahead_two_passes_run_the_group_whole_its_loading_flights_in_it() -> None:
+    import dataclasses
+
+    whole = dataclasses.replace(TWO_PASS, keep_whole=True)
+    beside = [flight(0, 2, experts=(1,)), flight(1, 2, experts=(2,)), waiter(2, 2, eta=5.0)]
+    assert plan(beside, TWO_PASS, per_flight(0.002)).group == Group((0, 1), 2)
+    assert plan(beside, whole, per_flight(0.002)).group == Group((0, 1, 2), 2)  # its call waits in the hook
+    stalled = [waiter(0, 1, eta=5.0), waiter(1, 1, eta=0.1), waiter(2, 2, eta=0.0)]
+    assert plan(stalled, TWO_PASS, per_flight(0.001)).group is None
+    assert plan(stalled, whole, per_flight(0.001)).group == Group((0, 1), 1)  # as blocking: stall in the call
+
+
+def test_with_runahead_measured_to_pay_a_call_stops_where_its_stall_is_above_a_calls_cost() -> None:
+    from bevy_gguf.engine.plan import MergeCosts, call_end
+
+    params = PolicyParams(n_layer=8, max_tokens=64, max_experts=16, hold_decode=False)
+    costs = MergeCosts(overhead_s=0.001, layer_s=0.003, load_s=0.0003, distinct=8)
+    whole = Group((0, 1, 2, 3), 2)
+    # 0.6 x 8 loads x 0.3 ms = 1.44 ms stall: under a call and a layer (4 ms), above a call (1 ms)
+    assert call_end(whole, 4, 4, params, 2, 16, [0.6] * 8, costs) == 8
+    assert call_end(whole, 4, 4, params, 2, 16, [0.6] * 8, costs, runahead=True) == 3
+    assert call_end(whole, 4, 4, params, 2, 16, [0.1] * 8, costs, runahead=True) == 8  # 0.24 ms: go on
+    assert call_end(whole, 4, 4, params, 2, 16, [0.6] * 8, costs, merge_misses=float("inf")) == 8  # whole

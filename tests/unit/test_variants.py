@@ -23,14 +23,16 @@ def test_options_map_to_spec_keys_with_their_types() -> None:
     v = parse("bevy:two-pass=off:split-factor=1000:lanes=2:eviction=lru")
     assert v.base == "bevy" and v.name == "bevy:two-pass=off:split-factor=1000:lanes=2:eviction=lru"
     assert v.options == {"two_pass": "off", "split_factor": 1000.0, "lanes": 2, "eviction": "lru"}
+    assert parse("bevy:runahead=off").options == {"runahead": "off"}
 
 
 @pytest.mark.parametrize(("name", "says"), [
     ("bevy-fast", "unknown system 'bevy-fast'"),
     ("stock-resident:two-pass=off", "takes no options"),
-    ("bevy:speed=2", "options two-pass, split-factor"),
+    ("bevy:speed=2", "options two-pass, runahead, split-factor"),
     ("bevy:two-pass", "write options as"),
     ("bevy:two-pass=maybe", "choose one of"),
+    ("bevy:runahead=sometimes", "runahead=sometimes: choose one of auto, on, off"),
     ("bevy:lanes=two", "is not a number"),
     ("bevy:split-factor=-1", "at least 0"),
 ])

@@ -48,6 +48,7 @@ from bevy_gguf.engine.plan import (
     two_pass_pays,
 )
 from bevy_gguf.engine.request import Request
+from bevy_gguf.engine.runahead import RunaheadChooser
 from bevy_gguf.engine.runners.batched import context_params
 from bevy_gguf.engine.source import FixedSource, RequestSource
 from bevy_gguf.engine.stats import RunStats
@@ -67,7 +68,7 @@ class SelfBalancingRunner:
                  on_step: Callable[[int, list[Flight]], None] | None = None, load_window: int | None = None,
                  merge_misses: float | None = None, lanes: int = 1, split_factor: float = 1.0,
                  lane_memo: dict[tuple[int, int], int] | None = None, two_pass: bool = True,
-                 pass_memo: dict[tuple[int, int], StepCosts | None] | None = None) -> None:
+                 pass_memo: dict[tuple[int, int], StepCosts | None] | None = None, runahead: str = "auto") -> None:
         self.model = model
         self.cache = cache
         self.n_parallel = n_parallel
@@ -97,6 +98,8 @@ class SelfBalancingRunner:
         self.calls = 0  # layer-range calls of the last serve
         self.two_pass_calls = 0  # ... of them, those that ran two passes
         self.calibration_error: str | None = None  # ... why a start-up measurement failed (a load), if one did
+        self.runahead = runahead  # auto | on | off: see runahead.py
+        self.runahead_stats: dict[str, float | int | None] = {}  # ... what the lanes measured of it
 
     def lanes_for(self, n_seq: int, asked: int | None = None) -> int:
         """How many lanes: as asked, but at most one per thread and per sequence, while the
@@ -226,6 +229,7 @@ class SelfBalancingRunner:
         """One RunStats over the lanes: decode time from the first lane's decode to the last
         lane's end, counters over that span, prefill time of the longest lane."""
         self.calls = sum(lane.calls for lane in lanes)
+        self.runahead_stats = _sum_dicts([lane.runahead.as_dict() for lane in lanes])
         self.two_pass_calls = sum(lane.two_pass_calls for lane in lanes)
         stats = RunStats()
         for lane in lanes:
@@ -268,6 +272,10 @@ class _Lane:
         self.policy = PolicyParams(n_layer=self.model.n_layer, max_tokens=max_tokens, max_experts=share,
                                    hold_decode=hold_decode, load_window=runner.load_window,
                                    split_factor=runner.split_factor, two_pass=runner.two_pass)
+        self.whole_policy = dataclasses.replace(self.policy, keep_whole=True)  # the plan without runahead
+        step_work = self.params.n_seq_max * self.model.n_layer  # token-layers of a step
+        self.runahead = RunaheadChooser(epoch_work=2 * step_work, warm_work=step_work,
+                                        fixed={"on": True, "off": False}.get(runner.runahead))
         self.cost_model = CallCostModel()  # this lane's calls on this machine (a lane: one thread count)
         self.stats = RunStats()
         self.prefill_done = False
@@ -311,6 +319,7 @@ class _Lane:
                     req.seq = free.pop(0)
                     flights.append(Flight(len(requests) - 1, req.seq, req.prompt_tokens[: self.chunk], 0))
             if not flights:
+                self.runahead.idle()
                 if not source.idle_wait():
                     break
                 continue
@@ -324,7 +333,7 @@ class _Lane:
             t_pass = time.perf_counter()
             since = self._refresh(flights)  # and the loads completed before it
             self._update_miss_rates()
-            p = plan(flights, self.policy, self._group_cost)
+            p = plan(flights, self.policy if self.runahead.on else self.whole_policy, self._group_cost)
             self._pass_py = time.perf_counter() - t_pass
             if p.group is None and p.wait_for:  # a group is ready, but these flights' loads land sooner
                 for i in p.wait_for:
@@ -400,8 +409,9 @@ class _Lane:
         """Where the group's call stops (plan.call_end), with what this lane has measured."""
         layout = self.cache.layout
         tokens = sum(len(f.tokens) for f in members)
+        merge_misses = self.runner.merge_misses if self.runahead.on else math.inf  # whole: one call per step
         return call_end(group, n_flights, tokens, self.policy, layout.top_k, layout.n_expert, self.miss_rate,
-                        costs, self.runner.merge_misses)
+                        costs, merge_misses, runahead=self.runahead.on)
 
     def _set_passes(self, ctx: Context, group: Group, members: list[Flight], il_end: int,
                     costs: MergeCosts | None) -> None:
@@ -486,6 +496,7 @@ class _Lane:
             used_experts, waited_s = self.cache.end(ctx)
             self._call_s = time.perf_counter() - start_t
         elapsed = self._call_s
+        self.runahead.record(len(rows) * (il_end - il_begin), start_t)
         context = sum(pos + 1 for _, pos, _, _ in rows)
         self.cost_model.observe(CallShape(layers=il_end - il_begin, tokens=len(rows), experts=used_experts,
                                           context=context), time.perf_counter() - call_t - waited_s)
@@ -546,3 +557,10 @@ class _Lane:
             if requests[f.index].cancelled and not requests[f.index].finished:
                 requests[f.index].fail("cancelled")
         return self._retire(ctx, requests, flights, free)
+
+
+def _sum_dicts(parts: list[dict[str, float | int | None]]) -> dict[str, float | int | None]:
+    """Key by key: the sum over the lanes (None where no lane measured it)."""
+    keys = parts[0].keys() if parts else ()
+    return {k: (sum(v for p in parts if (v := p[k]) is not None) if any(p[k] is not None for p in parts) else None)
+            for k in keys}
