@@ -12,8 +12,9 @@ decodes in epochs, in turn with runahead (groups split where a layer's expected 
 a call's cost) and without (groups kept whole: one call per step as in blocking, its MoE layers
 in two passes where they pay), keeps each mode's recent rate (token-layers per second of wall
 time, stalls included), then runs the faster one and
-tries the other every `explore_every` epochs, so that a change (a warmer cache, longer
-contexts, other load on the machine) is seen. Without misses both modes run the same calls,
+tries the other every `explore_every` epochs (up to 4x as rarely where it measured far slower:
+a gap of 10% or less, every 8; of 40% or more, every 32), so that a change (a warmer cache,
+longer contexts, other load on the machine) is seen. Without misses both modes run the same calls,
 so nothing is lost where there is nothing to hide; where runahead loses, what is lost is the
 explored epochs.
 
@@ -31,7 +32,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-EXPLORE_EVERY = 8   # epochs: one in this many runs the mode that measured slower
+EXPLORE_EVERY = 8   # epochs: one in this many runs the mode that measured slower (at most 10% slower) ...
+GAP_STEP = 0.1      # ... and one in EXPLORE_EVERY x (gap / GAP_STEP) where it measured slower by a larger gap,
+MAX_STRETCH = 4     # ... up to this many times as rarely
 WARMUP = 4          # measured epochs at start, the modes in turn (after one unmeasured epoch: a cold cache)
 RATE_DECAY = 0.5    # an epoch moves its mode's rate this share of the way
 
@@ -91,8 +94,10 @@ class RunaheadChooser:
         if len(self.rates) < 2 or min(self.epochs.values()) < WARMUP // 2:
             return not self.on  # warm-up: in turn
         best = self.rates[True] >= self.rates[False]
+        gap = self.rates[best] / max(self.rates[not best], 1e-30) - 1.0
+        stretch = min(MAX_STRETCH, max(1.0, gap / GAP_STEP))
         self._since_explore += 1
-        if self._since_explore >= self.explore_every:
+        if self._since_explore >= self.explore_every * stretch:
             self._since_explore = 0
             return not best
         return best

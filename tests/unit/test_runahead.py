@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bevy_gguf.engine.runahead import EXPLORE_EVERY, RunaheadChooser
+from bevy_gguf.engine.runahead import EXPLORE_EVERY, MAX_STRETCH, RunaheadChooser
 
 
 def drive(chooser: RunaheadChooser, seconds_per_epoch: dict[bool, float], epochs: int) -> list[bool]:
@@ -25,13 +25,22 @@ def drive(chooser: RunaheadChooser, seconds_per_epoch: dict[bool, float], epochs
 
 def test_the_faster_mode_runs_after_a_warm_up_in_turn_the_slower_one_explored_now_and_then() -> None:
     chooser = RunaheadChooser(epoch_work=64, warm_work=32)
-    modes = drive(chooser, {True: 1.0, False: 2.0}, 5 + 3 * EXPLORE_EVERY)
+    modes = drive(chooser, {True: 1.0, False: 1.05}, 5 + 3 * EXPLORE_EVERY)  # 5% apart
     assert modes[:5] == [True, False, True, False, True]  # an unmeasured epoch, then the modes in turn
     later = modes[5:]
     assert later.count(False) == 3 and later.count(True) == len(later) - 3  # one in EXPLORE_EVERY
-    assert chooser.rates[True] == 64.0 and chooser.rates[False] == 32.0
+    assert chooser.rates[True] == 64.0 and round(chooser.rates[False], 6) == round(64 / 1.05, 6)
     chooser = RunaheadChooser(epoch_work=64)
-    assert drive(chooser, {True: 3.0, False: 1.0}, 5 + EXPLORE_EVERY)[5:].count(False) == EXPLORE_EVERY - 1
+    assert drive(chooser, {True: 1.05, False: 1.0}, 5 + EXPLORE_EVERY)[5:].count(False) == EXPLORE_EVERY - 1
+
+
+def test_a_mode_measured_far_slower_is_tried_more_rarely() -> None:
+    chooser = RunaheadChooser(epoch_work=64)
+    later = drive(chooser, {True: 1.0, False: 2.0}, 5 + 2 * MAX_STRETCH * EXPLORE_EVERY)[5:]  # 2x apart
+    assert later.count(False) == 2
+    chooser = RunaheadChooser(epoch_work=64)
+    later = drive(chooser, {True: 1.0, False: 1.2}, 5 + 4 * EXPLORE_EVERY + 2)[5:]  # 20% apart: half as often
+    assert later.count(False) == 2
 
 
 def test_a_change_of_the_machine_is_followed() -> None:
