@@ -134,15 +134,18 @@ def _runahead_table(report: dict[str, Any], sweep: bool) -> list[str]:
         return []
     lines = ["", "Runahead as each run of `bevy` measured it (engine/runahead.py: epochs of about two steps, "
              "with runahead and with groups kept whole in turn, then the faster; per run: epochs on / whole, "
-             "and each mode's rate in k token-layers/s):", "",
-             "| system | cache | " + ("link | " if sweep else "") + "epochs on / whole | k token-layers/s on / whole |",
-             "|---|---|" + ("---|" if sweep else "") + "---|---|"]
+             "and each mode's rate in k token-layers/s), and the step loop's Python per layer-range call (median "
+             "of the runs: scheduling, hidden states, crossings; what a split costs beyond the call itself):", "",
+             "| system | cache | " + ("link | " if sweep else "") + "epochs on / whole | k token-layers/s on / whole | "
+             "Python ms per call |",
+             "|---|---|" + ("---|" if sweep else "") + "---|---|---|"]
     for r in rows:
         link = f"{_link_cell(r.get('link_point'))} | " if sweep else ""
         epochs = ", ".join(f"{m['runahead_epochs']} / {m['whole_epochs']}" for m in r["runahead"])
         rates = ", ".join(f"{_fmt(m['runahead_rate'] and m['runahead_rate'] / 1e3, '.2f')} / "
                           f"{_fmt(m['whole_rate'] and m['whole_rate'] / 1e3, '.2f')}" for m in r["runahead"])
-        lines.append(f"| {r['system']} | {r['cache']:.0f}% | {link}{epochs} | {rates} |")
+        lines.append(f"| {r['system']} | {r['cache']:.0f}% | {link}{epochs} | {rates} | "
+                     f"{_fmt(r.get('python_per_call_ms'), '.2f')} |")
     return lines
 
 

@@ -46,7 +46,7 @@ class Runner(Protocol):
 RUNNER_STATS = {"lanes": "lanes_used", "two_pass_overhead_s": "pass_overhead_s",
                 "load_contention_s": "load_contention_s", "load_alone_s": "load_alone_s",
                 "two_pass_calls": "two_pass_calls", "layer_calls": "calls", "calibration_error": "calibration_error",
-                "runahead": "runahead_stats"}
+                "runahead": "runahead_stats", "lane_time": "time_split"}
 
 
 class LLMEngine:

@@ -99,6 +99,9 @@ def test_outputs_written(bench: tuple[dict, Path]) -> None:
     md = (out / "report.md").read_text()
     assert "| link GB/s while busy |" in md
     assert "| bevy |" in md and ("Link: file (O_DIRECT)" in md or "Link: file (buffered" in md)
+    assert "| system | cache | epochs on / whole | k token-layers/s on / whole | Python ms per call |" in md
+    bevy = [r for r in doc["runs"] if r["system"] == "bevy"]
+    assert all(len(r["runahead"]) == 2 and r["python_per_call_ms"] > 0 for r in bevy), bevy  # per run
     if "Link: file (O_DIRECT)" in md:  # the tiny q8_0 model's experts (4352 bytes) are not whole pages
         assert "experts through a bounce buffer" in md
         assert all(r["link_bounced"] > 0 for r in doc["runs"] if r["system"] == "bevy")

@@ -110,6 +110,10 @@ def test_bevy_through_the_cli_and_json(runahead_model: Path) -> None:
                    "--scheduler", "bevy", "--expert-cache", "25%")
     s = doc["stats"]
     assert s["scheduler"] == "bevy" and s["tok_per_s"] > 0 and 0 < s["hit_rate"] <= 1 and s["bytes_loaded"] > 0
+    t = s["lane_time"]  # where the step loop's time went
+    assert t["calls_s"] > 0 and t["waits_s"] >= 0 and t["python_s"] >= 0 and t["python_per_call_ms"] > 0, t
+    assert abs(t["loop_s"] - t["calls_s"] - t["waits_s"] - t["python_s"]) < 1e-6, t
+    assert set(s["runahead"]) == {"runahead_rate", "whole_rate", "runahead_epochs", "whole_epochs"}
 
 
 def test_the_lane_count_is_measured_unless_given(qwen3_tiny: Path) -> None:

@@ -100,6 +100,7 @@ class SelfBalancingRunner:
         self.calibration_error: str | None = None  # ... why a start-up measurement failed (a load), if one did
         self.runahead = runahead  # auto | on | off: see runahead.py
         self.runahead_stats: dict[str, float | int | None] = {}  # ... what the lanes measured of it
+        self.time_split: dict[str, float] = {}  # ... where the lanes' time went (see _Lane.time_split)
 
     def lanes_for(self, n_seq: int, asked: int | None = None) -> int:
         """How many lanes: as asked, but at most one per thread and per sequence, while the
@@ -230,6 +231,9 @@ class SelfBalancingRunner:
         lane's end, counters over that span, prefill time of the longest lane."""
         self.calls = sum(lane.calls for lane in lanes)
         self.runahead_stats = _sum_dicts([lane.runahead.as_dict() for lane in lanes])
+        self.time_split = _sum_dicts([lane.time_split() for lane in lanes])  # type: ignore[assignment]
+        if self.calls:
+            self.time_split["python_per_call_ms"] = 1e3 * self.time_split["python_s"] / self.calls
         self.two_pass_calls = sum(lane.two_pass_calls for lane in lanes)
         stats = RunStats()
         for lane in lanes:
@@ -294,6 +298,14 @@ class _Lane:
         self._per_load = LinkTimePerLoad(MISS_RATE_DECAY)  # link seconds per load, lately
         self.calls = 0
         self.two_pass_calls = 0  # calls that ran two passes (the others ran one)
+        self._loop_s = self._calls_s = self._waits_s = 0.0  # where the step loop's time went
+
+    def time_split(self) -> dict[str, float]:
+        """The step loop's seconds: in layer-range calls (from the compute gate's entry to the
+        call's end), waiting for loads between calls, and the rest (Python: scheduling, hidden
+        states, sampling, crossings into native code)."""
+        return {"loop_s": self._loop_s, "calls_s": self._calls_s, "waits_s": self._waits_s,
+                "python_s": max(0.0, self._loop_s - self._calls_s - self._waits_s)}
 
     def serve(self, source: RequestSource) -> None:
         with Context(self.model, self.params) as ctx:
@@ -340,19 +352,31 @@ class _Lane:
                     flights[i].held = True  # once per layer: if the loads are late, go without it
                 lead = min((flights[i] for i in p.wait_for), key=lambda f: f.lag)
                 timeout_ms = max(1, min(WAIT_SLICE_MS, math.ceil(1e3 * p.wait_s)))
+                t_wait = time.perf_counter()
                 self.cache.wait(since, timeout_ms, lead.layer)
+                self._count_wait(t_pass, t_wait)
                 continue
             if p.group is None:  # nothing is ready: wait for a load (counted as stall)
                 lead = min((flights[i] for i in p.waiting), key=lambda f: f.lag)
+                t_wait = time.perf_counter()
                 if not self.cache.wait(since, WAIT_SLICE_MS, lead.layer):
                     self._check_timeout(requests, flights)
+                self._count_wait(t_pass, t_wait)
                 continue
             step += 1
             if self.t_decode0 is None and not any(f.prefill for f in flights):
                 self.t_decode0 = time.perf_counter()
             self._run_group(ctx, requests, flights, p.group, t0, stats)
             flights = self._retire(ctx, requests, flights, free)
+            self._calls_s += self._call_s
+            self._loop_s += time.perf_counter() - t_pass
         self.t_end = time.perf_counter()
+
+    def _count_wait(self, t_pass: float, t_wait: float) -> None:
+        """A pass that ended in a wait for loads (from t_wait): its time, the wait's apart."""
+        now = time.perf_counter()
+        self._waits_s += now - t_wait
+        self._loop_s += now - t_pass
 
     def _refresh(self, flights: list[Flight]) -> int:
         """Reserve what the admitted flights need, start their loads, and mark who is ready
