@@ -12,6 +12,7 @@ probes) builds an EngineConfig and drives an LLMEngine:
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, Protocol
 
@@ -21,7 +22,7 @@ from bevy_gguf._native.loader import use_libllama
 from bevy_gguf.config import EngineConfig
 from bevy_gguf.engine.calibrate import StepCosts
 from bevy_gguf.engine.expert_cache import ExpertCache
-from bevy_gguf.engine.registry import Scheduler, get_scheduler
+from bevy_gguf.engine.registry import Scheduler, get_scheduler, runnable_scheduler
 from bevy_gguf.engine.request import Request
 from bevy_gguf.engine.runners.batched import BatchedRunner
 from bevy_gguf.engine.runners.contexts import ContextRunner
@@ -54,9 +55,14 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.scheduler: Scheduler = get_scheduler(config.scheduler)
         self.info: ModelInfo = inspect_model(config.model)
         self.stock = config.engine == "stock"
+        self.scheduler: Scheduler = get_scheduler(config.scheduler)
+        self.scheduler_note: str | None = None  # why the scheduler that runs is not the one asked for
+        if not self.stock:
+            self.scheduler, self.scheduler_note = runnable_scheduler(config.scheduler, self.info.arch)
+            if self.scheduler_note:
+                print(f"bevy-gguf: {self.scheduler_note}", file=sys.stderr)
         self.lib = use_libllama("stock" if self.stock else "patched")
         if not self.stock:
             llama_ext.set_lazy_experts(self.lib, True)  # routed experts are resident only in the cache
@@ -170,7 +176,8 @@ class LLMEngine:
             return None
         c = self.cache
         models = getattr(self.runner, "cost_models", [])
-        return {"scheduler": self.scheduler.name, "link": c.link_name, "bytes": c.budget_bytes, "slots": c.n_slots,
+        return {"scheduler": self.scheduler.name, "scheduler_note": self.scheduler_note,
+                "link": c.link_name, "bytes": c.budget_bytes, "slots": c.n_slots,
                 "class_slots": list(c.class_slots), "wasted_bytes": c.wasted_bytes,
                 "micro_batch": self.runner.micro_batch if self.runner else None, "decode": stats.decode_counters,
                 "total": c.counters(), "layers": [c.counters(il) for il in range(self.info.n_layer)],

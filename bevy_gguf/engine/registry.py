@@ -37,6 +37,10 @@ SCHEDULERS = {s.name: s for s in (
     Scheduler("blocking", "batched", "one batched context that stalls on every miss (as stock llama.cpp)"),
 )}
 DEFAULT_SCHEDULER = "bevy"
+# the arch builders patch 0003 gives layer-range decode (general.architecture; Mixtral is llama's):
+# any other builder runs every layer of a call, so a partial range would abort on its assertion
+LAYER_RANGE_ARCHS = ("qwen3moe", "qwen2moe", "llama")
+LAYER_RANGE_FALLBACK = "bevy-ctx"  # what runs instead: the same runahead, a context per request
 
 
 def scheduler_names() -> tuple[str, ...]:
@@ -47,6 +51,17 @@ def get_scheduler(name: str) -> Scheduler:
     if name not in SCHEDULERS:
         raise BevyError(f"unknown scheduler {name!r}: choose one of {', '.join(SCHEDULERS)}")
     return SCHEDULERS[name]
+
+
+def runnable_scheduler(name: str, arch: str) -> tuple[Scheduler, str | None]:
+    """The scheduler that runs `name` on a model of this arch, and why it is another (None: it
+    is the one asked for): bevy needs layer-range decode, which not every arch builder has."""
+    asked = get_scheduler(name)
+    if asked.runner != "layers" or arch in LAYER_RANGE_ARCHS:
+        return asked, None
+    return get_scheduler(LAYER_RANGE_FALLBACK), (
+        f"--scheduler {name} needs layer-range decode, which llama.cpp's {arch} builder does not have yet "
+        f"(patched: {', '.join(LAYER_RANGE_ARCHS)}): running {LAYER_RANGE_FALLBACK} instead")
 
 
 def help_text() -> str:

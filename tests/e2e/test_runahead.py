@@ -127,3 +127,16 @@ def test_margin_rule_holds_for_workload_requests(runahead_model: Path) -> None:
                    "--requests", "8", "-n", "16")
     compared, mismatches = compare_by_margin_rule(ref, got)
     assert mismatches == 0 and compared >= 8 * 16 // 2
+
+
+def test_bevy_on_an_arch_without_layer_range_decode_runs_bevy_ctx_and_says_so(tmp_path: Path) -> None:
+    """A builder that patch 0003 does not cover would abort on a partial range: bevy runs
+    bevy-ctx there, with one line on stderr, the answers bevy-ctx's (= stock --parallel 1)."""
+    model = ensure_model(tiny_spec(layers=4, experts=16, top_k=2), progress=False)  # qwen3moe, as if not covered
+    ref = stock_alone(model, PROMPTS[:4], 8)
+    got = probe(model, "bevy", "25%", 4, tmp_path, prompts=PROMPTS[:4], max_tokens=8,
+                layer_range_archs=["qwen2moe", "llama"])
+    assert got["scheduler"] == "bevy-ctx" and "qwen3moe builder does not have" in got["scheduler_note"]
+    assert [r["tokens"] for r in got["requests"]] == [r["tokens"] for r in ref["requests"]]
+    covered = probe(model, "bevy", "25%", 4, tmp_path, prompts=PROMPTS[:4], max_tokens=8)
+    assert covered["scheduler"] == "bevy" and covered["scheduler_note"] is None

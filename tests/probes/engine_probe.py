@@ -5,7 +5,8 @@ SPEC: {"prompts": [...], "max_tokens": n, "stop": [...], "bad": [indices of requ
 invalid token], "eviction": "...", "seed": n, "cancel": [[request, step], ...] (bevy: cancel a
 request before that scheduling step, wherever its token stands), "threads": n (default 2),
 "link": "..." (default file), "flash_attn": "auto|on|off" (default auto), "runahead": "auto|on|off"
-(default auto)}
+(default auto), "layer_range_archs": [...] (stands in for the archs patch 0003 covers: a test of
+what runs where an arch is not among them)}
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 from bevy_gguf.config import EngineConfig
+from bevy_gguf.engine import registry
 from bevy_gguf.engine.engine import LLMEngine
 from bevy_gguf.engine.request import Request
 
@@ -22,6 +24,8 @@ from bevy_gguf.engine.request import Request
 def main() -> int:
     model_path, scheduler, size, parallel = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
     spec = json.loads(Path(sys.argv[5]).read_text())
+    if "layer_range_archs" in spec:
+        registry.LAYER_RANGE_ARCHS = tuple(spec["layer_range_archs"])
     config = EngineConfig(model=model_path, scheduler=scheduler, expert_cache=size, n_parallel=parallel,
                           n_threads=spec.get("threads", 2), link=spec.get("link", "file"),
                           eviction=spec.get("eviction", "next-use"), wait_timeout_s=60, seed=spec.get("seed", 0),
@@ -55,6 +59,7 @@ def main() -> int:
             "micro_batch": runner.micro_batch, "decode_tokens": stats.decode_tokens,
             "counters": engine.counters(), "link": engine.cache.link_name,
             "cancelled_at": cancelled_at, "runahead": getattr(runner, "runahead_stats", None),
+            "scheduler": engine.scheduler.name, "scheduler_note": engine.scheduler_note,
         }))
     return 0
 

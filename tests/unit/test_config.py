@@ -55,3 +55,17 @@ def test_fault_links_parse_to_the_native_plan() -> None:
     assert spec.base == "ram" and spec.rate is None
     assert spec.fault_plan() == {"error_every": 7, "short_every": 0, "stall_every": 3, "stall_s": 0.5}
     assert LinkSpec.parse("fault:short-every=2").base == "file"
+
+
+def test_bevy_needs_a_layer_range_builder_and_falls_back_to_bevy_ctx_elsewhere() -> None:
+    from bevy_gguf.engine.registry import LAYER_RANGE_ARCHS, runnable_scheduler
+
+    for arch in LAYER_RANGE_ARCHS:
+        scheduler, note = runnable_scheduler("bevy", arch)
+        assert scheduler.name == "bevy" and note is None
+    for arch in ("gpt-oss", "deepseek2", "glm4moe", "qwen35moe"):
+        scheduler, note = runnable_scheduler("bevy", arch)
+        assert scheduler.name == "bevy-ctx" and f"{arch} builder" in note and "running bevy-ctx" in note
+        for other in ("bevy-ctx", "blocking", "prefetch"):  # they need no layer range
+            scheduler, note = runnable_scheduler(other, arch)
+            assert scheduler.name == other and note is None
