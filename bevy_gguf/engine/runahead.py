@@ -10,12 +10,13 @@ whole, 0.94x blocking, and one whose groups had split stayed split, 1.27x: the m
 on merged calls priced a stop above the stalls it would hide). So each lane measures it: it
 decodes in epochs, in turn with runahead (groups split where a layer's expected stall is above
 a call's cost) and without (groups kept whole: one call per step as in blocking, its MoE layers
-in two passes where they pay), keeps each mode's recent rate (token-layers per second of wall
-time, stalls included), then runs the faster one and
-tries the other every `explore_every` epochs (up to 4x as rarely where it measured far slower:
-a gap of 10% or less, every 8; of 40% or more, every 32), so that a change (a warmer cache,
-longer contexts, other load on the machine) is seen. Without misses both modes run the same calls,
-so nothing is lost where there is nothing to hide; where runahead loses, what is lost is the
+in two passes where they pay), keeps each mode's recent rate (decode token-layers per second of
+wall time, stalls included; calls of prompt chunks alone are left out: their token-layers are
+far cheaper and come at random), then runs the faster one and tries the other every
+`explore_every` epochs (up to 4x as rarely where it measured far slower: a gap of 10% or less,
+every 8; of 40% or more, every 32), so that a change (a warmer cache, longer contexts, other
+load on the machine) is seen. Without misses both modes run the same calls, so nothing is lost
+where there is nothing to hide; where runahead loses, what is lost is the
 explored epochs.
 
 An epoch's first part is not measured (`warm_work`, a step's work): a mode inherits the
@@ -72,6 +73,11 @@ class RunaheadChooser:
         self._work += work
         if self._work >= self.epoch_work:
             self._end_epoch(time.perf_counter() if end is None else end)
+
+    def exclude(self, seconds: float) -> None:
+        """A call that decoded nothing (prompt chunks only) took this long: not the mode's time."""
+        if self._start is not None:
+            self._start += seconds
 
     def idle(self) -> None:
         """Nothing to decode: the epoch under way is dropped (an idle wait is not a mode's time)."""

@@ -69,3 +69,12 @@ def test_an_epochs_first_part_is_not_measured() -> None:
     chooser.record(32, 0.0, 50.0)   # the warm-up: 50 s the mode inherited from the other
     chooser.record(64, 50.0, 52.0)  # measured from its end
     assert chooser.rates == {False: 32.0}
+
+
+def test_calls_of_prompt_chunks_only_are_left_out_of_the_measured_time() -> None:
+    chooser = RunaheadChooser(epoch_work=64)
+    drive(chooser, {True: 1.0, False: 1.0}, 1)  # the unmeasured first epoch
+    chooser.record(32, 0.0, 1.0)
+    chooser.exclude(5.0)  # a prefill call between two decode calls
+    chooser.record(32, 6.0, 7.0)
+    assert chooser.rates == {False: 32.0}  # 64 token-layers in 7 - 5 seconds

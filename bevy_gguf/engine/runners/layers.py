@@ -520,7 +520,11 @@ class _Lane:
             used_experts, waited_s = self.cache.end(ctx)
             self._call_s = time.perf_counter() - start_t
         elapsed = self._call_s
-        self.runahead.record(len(rows) * (il_end - il_begin), start_t)
+        decode_rows = sum(len(f.tokens) for f in members if not f.prefill)
+        if decode_rows:  # the rate is of decode: a prompt chunk's token-layers are far cheaper
+            self.runahead.record(decode_rows * (il_end - il_begin), start_t)
+        else:
+            self.runahead.exclude(time.perf_counter() - start_t)
         context = sum(pos + 1 for _, pos, _, _ in rows)
         self.cost_model.observe(CallShape(layers=il_end - il_begin, tokens=len(rows), experts=used_experts,
                                           context=context), time.perf_counter() - call_t - waited_s)
