@@ -132,10 +132,11 @@ def _runahead_table(report: dict[str, Any], sweep: bool) -> list[str]:
     rows = [r for r in report["runs"] if r.get("runahead")]
     if not rows:
         return []
-    lines = ["", "Runahead as each run of `bevy` measured it (engine/runahead.py: epochs of about two steps, "
-             "with runahead and with groups kept whole in turn, then the faster; per run: epochs on / whole, "
-             "and each mode's rate in k token-layers/s), and the step loop's Python per layer-range call (median "
-             "of the runs: scheduling, hidden states, crossings; what a split costs beyond the call itself):", "",
+    lines = ["", "Runahead as each run of `bevy` measured it (engine/runahead.py: epochs of about three steps, "
+             "the first unmeasured, with runahead and with groups kept whole in turn, then the faster; per run: "
+             "epochs on / whole, and each mode's rate in k token-layers/s), and the step loop's Python per "
+             "layer-range call (median of the runs: scheduling, hidden states, crossings; what a split costs "
+             "beyond the call itself):", "",
              "| system | cache | " + ("link | " if sweep else "") + "epochs on / whole | k token-layers/s on / whole | "
              "Python ms per call |",
              "|---|---|" + ("---|" if sweep else "") + "---|---|---|"]

@@ -57,12 +57,13 @@ class LLMEngine:
         self.config = config
         self.info: ModelInfo = inspect_model(config.model)
         self.stock = config.engine == "stock"
-        self.scheduler: Scheduler = get_scheduler(config.scheduler)
-        self.scheduler_note: str | None = None  # why the scheduler that runs is not the one asked for
-        if not self.stock:
-            self.scheduler, self.scheduler_note = runnable_scheduler(config.scheduler, self.info.arch)
-            if self.scheduler_note:
-                print(f"bevy-gguf: {self.scheduler_note}", file=sys.stderr)
+        # the scheduler that runs, and why it is not the one asked for (None: it is)
+        self.scheduler: Scheduler
+        self.scheduler_note: str | None
+        self.scheduler, self.scheduler_note = ((get_scheduler(config.scheduler), None) if self.stock
+                                               else runnable_scheduler(config.scheduler, self.info.arch))
+        if self.scheduler_note:
+            print(f"bevy-gguf: {self.scheduler_note}", file=sys.stderr)
         self.lib = use_libllama("stock" if self.stock else "patched")
         if not self.stock:
             llama_ext.set_lazy_experts(self.lib, True)  # routed experts are resident only in the cache

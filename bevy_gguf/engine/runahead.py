@@ -16,8 +16,7 @@ far cheaper and come at random), then runs the faster one and tries the other ev
 `explore_every` epochs (up to 4x as rarely where it measured far slower: a gap of 10% or less,
 every 8; of 40% or more, every 32), so that a change (a warmer cache, longer contexts, other
 load on the machine) is seen. Without misses both modes run the same calls, so nothing is lost
-where there is nothing to hide; where runahead loses, what is lost is the
-explored epochs.
+where there is nothing to hide; where runahead loses, what is lost is the explored epochs.
 
 An epoch's first part is not measured (`warm_work`, a step's work): a mode inherits the
 flights as the other left them. Runahead leaves flights spread over up to a token's layers,
