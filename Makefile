@@ -2,6 +2,7 @@
 #   make build   venv (.venv/), pinned llama.cpp source, stock + patched libllama, libbevy
 #   make demo    build, generate the default model, run it with --parallel 8, then the A/B table
 #   make test    build, then the test suite
+#   make soak    build, then 20,000 requests at the server twice (minimum and 25% cache; hours, not in make test)
 # Knobs: JOBS=2 (compile jobs), CUDA=1 (ggml with CUDA), PYTHON=python3.
 
 PYTHON ?= python3
@@ -10,9 +11,11 @@ CUDA ?= 0
 VENV := .venv
 BIN := $(abspath $(VENV)/bin)
 DEFAULT_MODEL := build/models/default.gguf
+SOAK_MODEL := build/models/soak.gguf
+SOAK_REQUESTS ?= 20000
 export PATH := $(BIN):$(PATH)
 
-.PHONY: venv build demo test lint clean
+.PHONY: venv build demo test soak lint clean
 
 venv: $(VENV)/.installed
 
@@ -38,6 +41,11 @@ demo: build
 
 test: build
 	$(BIN)/python -m pytest -q tests
+
+soak: build
+	$(BIN)/bevy-gguf make-model $(SOAK_MODEL) --layers 4 --experts 16 --top-k 2 --embd 64 --ff 64
+	$(BIN)/bevy-gguf soak $(SOAK_MODEL) --requests $(SOAK_REQUESTS) --expert-cache 25% --out build/soak/25
+	$(BIN)/bevy-gguf soak $(SOAK_MODEL) --requests $(SOAK_REQUESTS) --expert-cache min --out build/soak/min
 
 lint: venv
 	$(BIN)/ruff check bevy_gguf tests scripts

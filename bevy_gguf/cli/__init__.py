@@ -183,6 +183,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(config, settings)
 
 
+def cmd_soak(args: argparse.Namespace) -> int:
+    from bevy_gguf.soak.run import minimum_cache, print_summary, run_soak
+
+    model = Path(args.model)
+    if not model.is_file():
+        raise BevyError(f"{model}: no such file (make one with: bevy-gguf make-model {model})")
+    cache = minimum_cache(model) if args.expert_cache == "min" else args.expert_cache
+    serve_args = ["--parallel", str(args.parallel), "--threads", str(args.threads), "--scheduler", args.scheduler,
+                  "--expert-cache", cache, "--link", args.link]
+    out = Path(args.out or f"build/soak/{model.stem}-{args.scheduler}-{args.expert_cache.rstrip('%')}")
+    summary = run_soak(model, args.requests, args.clients, serve_args, out, seed=args.seed, warmup=args.warmup,
+                       max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens, threads=args.threads)
+    print_summary(summary)
+    print(f"soak: {'passed' if summary['passed'] else 'FAILED'}; report {out / 'soak.json'}, server log "
+          f"{out / 'server.log'}")
+    return 0 if summary["passed"] else 1
+
+
 def add_model_arg(p: argparse.ArgumentParser) -> None:
     """The model, positional or as llama.cpp spells it (-m/--model)."""
     p.add_argument("model_pos", nargs="?", metavar="MODEL.gguf")
@@ -317,6 +335,25 @@ def build_parser() -> argparse.ArgumentParser:
                     help="at SIGTERM or SIGINT, running requests get this long to finish (queued ones get 503, "
                          "a second signal exits at once; default %(default)s)")
     sv.set_defaults(func=cmd_serve)
+
+    so = sub.add_parser("soak", help="drive `serve` on loopback with a long seeded mix and check that it stays "
+                                     "the same (answers, memory, descriptors, threads, latency)")
+    add_model_arg(so)
+    so.add_argument("--requests", type=positive("--requests"), default=20000)
+    so.add_argument("--clients", type=positive("--clients"), default=32, help="concurrent clients")
+    so.add_argument("--warmup", type=int, help="requests before the measured ones (default: 10%%, at most 1000)")
+    so.add_argument("--seed", type=int, default=0)
+    so.add_argument("--max-prompt-tokens", type=positive("--max-prompt-tokens"), default=1000)
+    so.add_argument("--max-tokens", type=positive("--max-tokens"), default=24,
+                    help="the largest max_tokens of a request that is not cancelled")
+    so.add_argument("-np", "--parallel", type=positive("--parallel"), default=8)
+    so.add_argument("-t", "--threads", type=positive("--threads"), default=physical_cores())
+    so.add_argument("--scheduler", choices=scheduler_names(), default=DEFAULT_SCHEDULER)
+    so.add_argument("--expert-cache", default="25%", metavar="SIZE",
+                    help="as serve's, or min: the smallest the model allows")
+    so.add_argument("--link", default="file")
+    so.add_argument("--out", metavar="DIR", help="soak.json and server.log (default build/soak/NAME)")
+    so.set_defaults(func=cmd_soak)
 
     tr = sub.add_parser("trace", help="record routing on the text workload and print its statistics")
     add_model_arg(tr)

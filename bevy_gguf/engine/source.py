@@ -11,6 +11,8 @@ from bevy_gguf.engine.request import Request
 class RequestSource:
     """A runner admits requests from here between steps, in arrival order."""
 
+    finite = False  # all requests known up front (a run): runners may keep per-call history
+
     def take(self, n: int) -> list[Request]:
         """Up to n waiting requests, without blocking."""
         raise NotImplementedError
@@ -22,6 +24,8 @@ class RequestSource:
 
 class FixedSource(RequestSource):
     """The requests of one `run`: all there from the start, no more after."""
+
+    finite = True
 
     def __init__(self, requests: list[Request]) -> None:
         self._left = deque(requests)

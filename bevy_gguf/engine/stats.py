@@ -19,7 +19,8 @@ class RunStats:
     prefill_s: float = 0.0
     decode_tokens: int = 0
     prefill_tokens: int = 0
-    calls: list[BatchCall] = field(default_factory=list)
+    calls: list[BatchCall] = field(default_factory=list)  # per call, for a run's trace (not kept when serving)
+    n_calls: int = 0
     decode_counters: dict[str, float] = field(default_factory=dict)  # expert cache, decode calls only
 
     @property
@@ -40,6 +41,39 @@ def union_seconds(intervals: list[tuple[float, float]]) -> float:
     if cur_end is not None:
         total += cur_end - cur_start
     return total
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+@dataclass(slots=True)
+class SpanUnion:
+    """The union's length of [start, end) spans added as they end, in bounded memory (a server
+    adds one per call for weeks): past `keep` spans, the merged ones but the last `tail` are
+    folded into a total. A span that began before a folded one ended would be counted twice
+    where they overlap: it would have to outlast thousands of later calls."""
+
+    keep: int = 4096
+    tail: int = 64
+    folded_s: float = 0.0
+    spans: list[tuple[float, float]] = field(default_factory=list)
+
+    def add(self, start: float, end: float) -> None:
+        self.spans.append((start, end))
+        if len(self.spans) > self.keep:
+            merged = _merged(self.spans)
+            self.folded_s += sum(e - s for s, e in merged[: -self.tail])
+            self.spans = merged[-self.tail:]
+
+    def seconds(self) -> float:
+        return self.folded_s + union_seconds(self.spans)
 
 
 def hit_rate(counters: dict[str, float]) -> float:

@@ -21,6 +21,7 @@ from bevy_gguf.engine.sampling import Sampler, SamplingParams
 from bevy_gguf.server.chat import render_chat
 from bevy_gguf.server.engine import SHUTTING_DOWN, ServingEngine
 from bevy_gguf.server.limits import BodyLimits
+from bevy_gguf.server.stops import sendable
 from bevy_gguf.server.types import ChatRequest, CompletionRequest, ServerSettings, error_body
 
 RETRY_AFTER_S = 1
@@ -104,7 +105,7 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
             raise ApiError(503, "the server is busy: the request queue is full, retry later", "server_error",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
         decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
-        sent_bytes, text, emitted = 0, "", 0
+        emitted = 0  # bytes of req.text_bytes sent (decoded; bytes that are not UTF-8 left out)
         try:
             while True:
                 try:
@@ -115,22 +116,12 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
                         return
                 done = req.finished  # read before the text: once finished, the text is complete
                 data = bytes(req.text_bytes)
-                text += decoder.decode(data[sent_bytes:])
-                sent_bytes = len(data)
-                cut = len(text)
-                if done:
-                    for s in req.stop:  # the completion ends before the stop string
-                        if s in text:
-                            cut = min(cut, text.index(s))
-                else:  # hold back a tail that may start a stop string
-                    for s in req.stop:
-                        for n in range(min(len(s) - 1, len(text)), 0, -1):
-                            if text.endswith(s[:n]):
-                                cut = min(cut, len(text) - n)
-                                break
+                cut = sendable(data, req.stop, done)
                 if cut > emitted:
-                    yield text[emitted:cut], None
+                    delta = decoder.decode(data[emitted:cut])
                     emitted = cut
+                    if delta:
+                        yield delta, None
                 if done:
                     if req.error == SHUTTING_DOWN and not req.tokens:
                         raise shutting_down()

@@ -93,6 +93,7 @@ class ServingEngine:
             "expert_stall_seconds_total": c["stall_ns"] / 1e9,
             "link_busy_seconds_total": c["link_busy_ns"] / 1e9,
             "link_utilization": c["link_busy_ns"] / 1e9 / uptime,
+            "expert_slots_pinned": self.engine.cache.pinned() if self.engine.cache is not None else 0,
         }
 
     def drain(self) -> int:

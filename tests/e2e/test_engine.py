@@ -8,10 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, run_cli, run_json
+import pytest
+from conftest import ROOT, run_cli, run_json, tiny_spec
 
 from bevy_gguf.cli import build_parser
 from bevy_gguf.config import physical_cores
+from bevy_gguf.synth import ensure_model
 
 
 def in_process(code: str) -> dict:
@@ -93,3 +95,43 @@ with bevy_gguf.Llama({str(qwen3_tiny)!r}, n_parallel=2, expert_cache="100%", sch
 """
     got = in_process(code)
     assert got["at_start"] == 0 and got["after"] == 1  # one batched context, made for the decode
+
+
+@pytest.mark.parametrize("scheduler", ["blocking", "bevy-ctx", "bevy"])
+def test_a_serving_engine_forgets_finished_requests_and_pins_nothing_idle(scheduler: str) -> None:
+    """A server's runner keeps a request while it is in flight only (they piled up: ~6 KiB of RSS
+    per request in the soak), and an idle one holds no slot (bevy kept its reservations: 8 slots
+    pinned at the end of the soak)."""
+    model = ensure_model(tiny_spec(layers=4, experts=16, top_k=2), progress=False)
+    code = f"""
+import gc, json, time
+from pathlib import Path
+
+import pytest
+from bevy_gguf.config import EngineConfig
+from bevy_gguf.engine.engine import LLMEngine
+from bevy_gguf.engine.request import Request
+cfg = EngineConfig(model=Path({str(model)!r}), scheduler={scheduler!r}, n_parallel=4, n_ctx=64,
+                   expert_cache="25%")
+with LLMEngine(cfg) as eng:
+    eng.start(64)
+    for i in range(40):
+        p = "x" * (1 + i % 7)
+        assert eng.add_request(Request(prompt=p, prompt_tokens=eng.model.tokenize(p), max_tokens=1 + i % 5))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until every request is answered (and forgotten)
+        time.sleep(0.2)
+        gc.collect()
+        requests = [o for o in gc.get_objects() if isinstance(o, Request)]
+        alive, unfinished = len(requests), sum(not r.finished for r in requests)
+        del requests
+        if unfinished == 0 and alive <= 4:
+            break
+    time.sleep(0.5)
+    print(json.dumps({{"alive": alive, "unfinished": unfinished, "pinned": eng.cache.pinned()}}))
+    eng.stop()
+"""
+    got = in_process(code)
+    assert got["unfinished"] == 0
+    assert got["alive"] <= 4  # at most the queue's last hand-over (n_parallel) is still referenced
+    assert got["pinned"] == 0

@@ -89,15 +89,19 @@ class BatchedRunner:
         return stats
 
     def _loop(self, ctx: Context, source: RequestSource, stats: RunStats) -> None:
-        requests: list[Request] = []  # in arrival order: BatchCall rows index into it
+        # in flight, by arrival index (BatchCall rows hold these); a served request leaves at its end
+        requests: dict[int, Request] = {}
+        self._keep_calls = source.finite
+        arrived = 0
         pending: deque[int] = deque()
         running: list[int] = []
         free = list(range(self.n_parallel))
         t0 = time.perf_counter()
         while True:
             for req in source.take(len(free) - len(pending)):
-                requests.append(req)
-                pending.append(len(requests) - 1)
+                requests[arrived] = req
+                pending.append(arrived)
+                arrived += 1
             if not pending and not running:
                 if not source.idle_wait():
                     return
@@ -130,14 +134,16 @@ class BatchedRunner:
             stats.decode_tokens += len(rows)
             running = self._retire(ctx, requests, running, free)
 
-    def _decode(self, ctx: Context, requests: list[Request], rows: list[tuple[int, int, int]],
+    def _decode(self, ctx: Context, requests: dict[int, Request], rows: list[tuple[int, int, int]],
                 prefill: bool, stats: RunStats) -> None:
         """Decode rows (request index, token, position); the last row of each request outputs."""
         last = {i: n for n, (i, _, _) in enumerate(rows)}
         batch = [(tok, pos, requests[i].seq, last[i] == n) for n, (i, tok, pos) in enumerate(rows)]
-        stats.calls.append(BatchCall(prefill=prefill, rows=[i for i, _, _ in rows]))
+        stats.n_calls += 1
+        if self._keep_calls:
+            stats.calls.append(BatchCall(prefill=prefill, rows=[i for i, _, _ in rows]))
         if self.cache is not None:  # its progress, and a turn at the compute gate
-            self.cache.begin(ctx, len(stats.calls))
+            self.cache.begin(ctx, stats.n_calls)
         try:
             outputs = ctx.decode(batch)
         except BevyError as e:  # a load failed or timed out: the call's requests fail, the loop goes on
@@ -152,8 +158,9 @@ class BatchedRunner:
             token, margin = req.choose(ctx, row)
             req.record(token, margin, self.model.is_eog(token), self.model.piece(token))
 
-    def _retire(self, ctx: Context, requests: list[Request], running: list[int], free: list[int]) -> list[int]:
-        """Free the sequences of finished (or cancelled) requests: their KV cells and ids."""
+    def _retire(self, ctx: Context, requests: dict[int, Request], running: list[int], free: list[int]) -> list[int]:
+        """Free the sequences of finished (or cancelled) requests: their KV cells and ids (and,
+        serving, forget them: a server's requests must not pile up)."""
         still = []
         for i in running:
             if requests[i].cancelled and not requests[i].finished:
@@ -162,6 +169,8 @@ class BatchedRunner:
                 ctx.seq_rm(requests[i].seq)
                 free.append(requests[i].seq)
                 free.sort()
+                if not self._keep_calls:
+                    del requests[i]
             else:
                 still.append(i)
         return still

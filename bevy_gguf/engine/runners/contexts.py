@@ -18,7 +18,7 @@ from bevy_gguf.engine.expert_cache import ExpertCache
 from bevy_gguf.engine.request import Request
 from bevy_gguf.engine.runners.batched import context_params
 from bevy_gguf.engine.source import FixedSource, RequestSource
-from bevy_gguf.engine.stats import RunStats, union_seconds
+from bevy_gguf.engine.stats import RunStats, SpanUnion
 from bevy_gguf.errors import BevyError
 
 
@@ -79,8 +79,7 @@ class ContextRunner:
 
     def _run_threads(self, contexts: list[Context], source: RequestSource, stats: RunStats, barrier: bool) -> None:
         lock = threading.Lock()
-        decode_spans: list[tuple[float, float]] = []
-        prefill_spans: list[tuple[float, float]] = []
+        decode_spans, prefill_spans = SpanUnion(), SpanUnion()
         t0 = time.perf_counter()
         at_decode: dict[str, int] = {}
 
@@ -124,13 +123,13 @@ class ContextRunner:
             t.start()
         for t in threads:
             t.join()
-        stats.decode_s = union_seconds(decode_spans)
-        stats.prefill_s = union_seconds(prefill_spans)
+        stats.decode_s = decode_spans.seconds()
+        stats.prefill_s = prefill_spans.seconds()
         end = self.cache.counters()
         stats.decode_counters = {k: end[k] - at_decode.get(k, 0) for k in end}
 
     def _prefill(self, ctx: Context, req: Request, t0: float, lock: threading.Lock, stats: RunStats,
-                 spans: list[tuple[float, float]]) -> None:
+                 spans: SpanUnion) -> None:
         rows = [(tok, pos, 0, pos == len(req.prompt_tokens) - 1) for pos, tok in enumerate(req.prompt_tokens)]
         start = time.perf_counter()
         self.cache.begin(ctx, 0)
@@ -143,11 +142,11 @@ class ContextRunner:
         req.record(token, margin, self.model.is_eog(token), self.model.piece(token))
         req.ttft_s = end - t0
         with lock:
-            spans.append((start, end))
+            spans.add(start, end)
             stats.prefill_tokens += len(rows)
 
     def _decode_steps(self, ctx: Context, req: Request, lock: threading.Lock, stats: RunStats,
-                      spans: list[tuple[float, float]]) -> None:
+                      spans: SpanUnion) -> None:
         while not req.finished:
             if req.cancelled:
                 req.fail("cancelled")
@@ -162,5 +161,5 @@ class ContextRunner:
             token, margin = req.choose(ctx, out[0])
             req.record(token, margin, self.model.is_eog(token), self.model.piece(token))
             with lock:
-                spans.append((start, end))
+                spans.add(start, end)
                 stats.decode_tokens += 1

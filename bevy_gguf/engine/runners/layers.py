@@ -136,7 +136,9 @@ class SelfBalancingRunner:
         self.load_contention_s = costs.load_contention_s if costs else 0.0
         self.load_alone_s = costs.load_alone_s if costs else 0.0
         self.cache.set_concurrency(k)
-        self.requests: list[Request] = []  # every lane's, in arrival order: Flight.index points here
+        # every lane's in flight, by arrival index (Flight.index); each leaves when it finishes
+        self.requests: dict[int, Request] = {}
+        self._arrived = 0
         self._lock = threading.Lock()
         self._prefilling = k if hold_decode else 0  # lanes that decode only once it is 0 (hold_decode)
         self._prefilled = threading.Condition(self._lock)
@@ -319,7 +321,7 @@ class _Lane:
 
     def _loop(self, ctx: Context, source: RequestSource, n_seq: int, stats: RunStats) -> None:
         runner = self.runner
-        requests = runner.requests  # shared by the lanes, in arrival order: Flight.index points into it
+        requests = runner.requests  # shared by the lanes, by arrival index: Flight.index
         free = list(range(n_seq))
         flights: list[Flight] = []
         t0 = time.perf_counter()
@@ -327,11 +329,13 @@ class _Lane:
         while True:
             with runner._lock:  # admit new requests: their first prompt chunk
                 for req in source.take(len(free)):
-                    requests.append(req)
+                    index, runner._arrived = runner._arrived, runner._arrived + 1
+                    requests[index] = req
                     req.seq = free.pop(0)
-                    flights.append(Flight(len(requests) - 1, req.seq, req.prompt_tokens[: self.chunk], 0))
+                    flights.append(Flight(index, req.seq, req.prompt_tokens[: self.chunk], 0))
             if not flights:
                 self.runahead.idle()
+                self.cache.unreserve_all(self.owner)  # an idle server holds no slot
                 if not source.idle_wait():
                     break
                 continue
@@ -462,7 +466,7 @@ class _Lane:
                 self.miss_rate[il] += alpha * (dm / (dh + dm) - self.miss_rate[il])
                 self._seen[il] = (hits[il], misses[il])
 
-    def _check_timeout(self, requests: list[Request], flights: list[Flight]) -> None:
+    def _check_timeout(self, requests: dict[int, Request], flights: list[Flight]) -> None:
         """Nothing ran for wait_timeout_s: the flights waiting for loads fail (the loop drops them
         at its next step); the others, and the lane, go on."""
         now = time.perf_counter()
@@ -475,7 +479,7 @@ class _Lane:
                                            f"(at layer {f.layer})")
             self._waiting_since = None
 
-    def _run_group(self, ctx: Context, requests: list[Request], flights: list[Flight], group: Group,
+    def _run_group(self, ctx: Context, requests: dict[int, Request], flights: list[Flight], group: Group,
                    t0: float, stats: RunStats) -> None:
         t_enter = time.perf_counter()
         self._call(ctx, requests, flights, group, t0, stats)
@@ -483,7 +487,7 @@ class _Lane:
         py = self._pass_py + time.perf_counter() - t_enter - self._call_s
         self._pass_s = py if self._pass_s == 0 else self._pass_s + PASS_DECAY * (py - self._pass_s)
 
-    def _call(self, ctx: Context, requests: list[Request], flights: list[Flight], group: Group,
+    def _call(self, ctx: Context, requests: dict[int, Request], flights: list[Flight], group: Group,
               t0: float, stats: RunStats) -> None:
         self._waiting_since = None
         self._call_s = 0.0
@@ -547,7 +551,7 @@ class _Lane:
         for f, _, b in spans:
             self._finish_block(ctx, requests, f, b - 1, t0, stats)  # logits of its last row
 
-    def _finish_block(self, ctx: Context, requests: list[Request], f: Flight, out_row: int, t0: float,
+    def _finish_block(self, ctx: Context, requests: dict[int, Request], f: Flight, out_row: int, t0: float,
                       stats: RunStats) -> None:
         """The block passed the last layer: take its output and set up the next block."""
         req = requests[f.index]
@@ -567,18 +571,21 @@ class _Lane:
         if not req.finished:
             f.pos0, f.tokens, f.prefill, f.progress = req.n_past, [req.next_input()], False, req.n_decoded + 1
 
-    def _retire(self, ctx: Context, requests: list[Request], flights: list[Flight], free: list[int]) -> list[Flight]:
+    def _retire(self, ctx: Context, requests: dict[int, Request], flights: list[Flight],
+                free: list[int]) -> list[Flight]:
         still = []
         for f in flights:
             if requests[f.index].finished:
                 ctx.seq_rm(f.seq)
                 free.append(f.seq)
                 free.sort()
+                with self.runner._lock:
+                    del requests[f.index]
             else:
                 still.append(f)
         return still
 
-    def _drop_cancelled(self, ctx: Context, requests: list[Request], flights: list[Flight],
+    def _drop_cancelled(self, ctx: Context, requests: dict[int, Request], flights: list[Flight],
                         free: list[int]) -> list[Flight]:
         """Cancelled requests leave at once, cells of half-computed tokens included."""
         for f in flights:

@@ -1,0 +1,1 @@
+"""Soak testing of the server (docs/soak.md)."""
