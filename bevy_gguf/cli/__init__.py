@@ -179,7 +179,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = engine_config(args)
     settings = ServerSettings(host=args.host, port=args.port, api_key=args.api_key, ctx_size=config.n_ctx,
                               max_queued=args.max_queued, model_alias=args.alias,
-                              shutdown_grace_s=args.shutdown_grace)
+                              shutdown_grace_s=args.shutdown_grace, head_timeout_s=args.head_timeout)
     return serve(config, settings)
 
 
@@ -334,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--shutdown-grace", type=positive("--shutdown-grace", float), default=30.0, metavar="SECONDS",
                     help="at SIGTERM or SIGINT, running requests get this long to finish (queued ones get 503, "
                          "a second signal exits at once; default %(default)s)")
+    sv.add_argument("--head-timeout", type=positive("--head-timeout", float), default=10.0, metavar="SECONDS",
+                    help="a connection whose first request head is not in after SECONDS is closed "
+                         "(idle and slow clients do not hold descriptors; default %(default)s)")
     sv.set_defaults(func=cmd_serve)
 
     so = sub.add_parser("soak", help="drive `serve` on loopback with a long seeded mix and check that it stays "

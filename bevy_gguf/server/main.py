@@ -15,6 +15,7 @@ import uvicorn
 from bevy_gguf.config import EngineConfig
 from bevy_gguf.engine.engine import LLMEngine
 from bevy_gguf.server.app import create_app
+from bevy_gguf.server.connections import head_timeout_protocol, raise_descriptor_limit
 from bevy_gguf.server.engine import ServingEngine
 from bevy_gguf.server.types import ServerSettings
 
@@ -65,8 +66,10 @@ def serve(config: EngineConfig, settings: ServerSettings) -> int:
         print(f"bevy-gguf: serving {config.model.name} on http://{settings.host}:{settings.port}/v1 "
               f"(--parallel {config.n_parallel}, scheduler {config.scheduler}, expert cache "
               f"{cache.budget_bytes / 2**20:.1f} MiB, link: {cache.link_name})", file=sys.stderr, flush=True)
+        raise_descriptor_limit()  # thousands of clients at once
         server = DrainingServer(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                               timeout_graceful_shutdown=settings.shutdown_grace_s),
+                                               timeout_graceful_shutdown=settings.shutdown_grace_s,
+                                               http=head_timeout_protocol(settings.head_timeout_s)),
                                 on_drain=serving.drain)
         server.run()
     finally:

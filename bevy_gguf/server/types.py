@@ -84,5 +84,6 @@ class ServerSettings:
     max_queued: int = 128         # waiting requests beyond --parallel; more get 503
     model_alias: str | None = None
     shutdown_grace_s: float = 30.0  # at SIGTERM/SIGINT, running requests get this long to finish
+    head_timeout_s: float = 10.0    # a connection's first request head must be in by then, else it is closed
     max_body_bytes: int = 16 * 2**20  # a longer request body is answered 413
     max_json_depth: int = 32          # deeper JSON nesting is answered 400 (the API's bodies nest 3 deep)

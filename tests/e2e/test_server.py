@@ -414,3 +414,26 @@ def test_a_gguf_replaced_while_serving_keeps_serving_the_file_it_opened(model: P
             assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith(reference[prompt])
     finally:
         s.stop()
+
+
+def test_idle_and_slow_connections_are_closed_and_do_not_starve_requests(model: Path) -> None:
+    """500 connections that send nothing and one whose request head never ends: a real request
+    is answered meanwhile, and after --head-timeout the server has closed them all (uvicorn alone
+    held them for ever: a few thousand take every descriptor)."""
+    s = Server(model, "--parallel", "2", "--expert-cache", "100%", "--ctx-size", "64", "--head-timeout", "3")
+    socks: list[socket.socket] = []
+    try:
+        socks = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(500)]
+        slow = socket.create_connection(("127.0.0.1", s.port))
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and nothing more
+        socks.append(slow)
+        wait_for(lambda: len(os.listdir(f"/proc/{s.proc.pid}/fd")) > 400, 10)
+        assert complete(s.client(), "hello") is not None
+        wait_for(lambda: len(os.listdir(f"/proc/{s.proc.pid}/fd")) < 100, 20)
+        for sock in socks[:10] + [slow]:
+            sock.settimeout(5)
+            assert sock.recv(1) == b""  # closed by the server
+    finally:
+        for sock in socks:
+            sock.close()
+        s.stop()
