@@ -45,7 +45,8 @@ test: build
 soak: build
 	$(BIN)/bevy-gguf make-model $(SOAK_MODEL) --layers 4 --experts 16 --top-k 2 --embd 64 --ff 64
 	$(BIN)/bevy-gguf soak $(SOAK_MODEL) --requests $(SOAK_REQUESTS) --expert-cache 25% --out build/soak/25
-	$(BIN)/bevy-gguf soak $(SOAK_MODEL) --requests $(SOAK_REQUESTS) --expert-cache min --out build/soak/min
+	$(BIN)/bevy-gguf soak $(SOAK_MODEL) --requests $(SOAK_REQUESTS) --expert-cache min --max-prompt-tokens 64 \
+		--out build/soak/min
 
 lint: venv
 	$(BIN)/ruff check bevy_gguf tests scripts

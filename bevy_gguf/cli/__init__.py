@@ -184,11 +184,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
+    from bevy_gguf.gguf_info import inspect_model
     from bevy_gguf.soak.run import minimum_cache, print_summary, run_soak
 
     model = Path(args.model)
-    if not model.is_file():
-        raise BevyError(f"{model}: no such file (make one with: bevy-gguf make-model {model})")
+    inspect_model(model)  # a bad file is one line, before any server starts
     cache = minimum_cache(model) if args.expert_cache == "min" else args.expert_cache
     serve_args = ["--parallel", str(args.parallel), "--threads", str(args.threads), "--scheduler", args.scheduler,
                   "--expert-cache", cache, "--link", args.link]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bevy_gguf.engine.cache_layout import CacheLayout
+from bevy_gguf.errors import BevyError
 from bevy_gguf.gguf_info import inspect_model
 from bevy_gguf.soak.driver import ServerProcess, drive, summarize
 from bevy_gguf.soak.mix import CANCEL_MAX_TOKENS, make_jobs, reference_prompts
@@ -26,6 +27,9 @@ def run_soak(model: Path, requests: int, clients: int, serve_args: list[str], ou
     """Soak `serve MODEL serve_args`; writes out_dir/soak.json and the server's log; the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
     warmup = min(requests // 10, 1000) if warmup is None else warmup
+    if not 0 <= warmup <= requests - 2:
+        raise BevyError(f"--warmup {warmup}: give 0 to {requests - 2} (fewer than --requests {requests}, "
+                        "so that two measured requests compare)")
     window = max(1, min(window, (requests - warmup) // 2))
     t0 = time.perf_counter()
     prompts = reference_prompts(model, n_prompts * 3 // 4, n_prompts - n_prompts * 3 // 4, max_prompt_tokens,

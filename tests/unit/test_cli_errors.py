@@ -49,6 +49,7 @@ def files(tmp_path: Path, qwen3_tiny: Path) -> dict[str, Path]:
 def test_bad_model_file(files: dict[str, Path], case: str, fragment: str) -> None:
     assert_one_line_error(run_cli("run", files[case], "-p", "hi", check=False), fragment)
     assert_one_line_error(run_cli("trace", files[case], check=False), fragment)
+    assert_one_line_error(run_cli("soak", files[case], "--requests", "10", check=False), fragment)
 
 
 def test_prompt_file_not_utf8(files: dict[str, Path], qwen3_tiny: Path) -> None:
@@ -67,3 +68,8 @@ def test_no_prompts(qwen3_tiny: Path) -> None:
 ])
 def test_bad_arguments(args: list[str], fragment: str) -> None:
     assert_one_line_error(run_cli(*args, check=False), fragment)
+
+
+def test_soak_warmup_beyond_the_requests(qwen3_tiny: Path) -> None:
+    args = ["soak", qwen3_tiny, "--requests", "10", "--warmup", "20"]
+    assert_one_line_error(run_cli(*args, check=False), "--warmup 20: give 0 to 8")
