@@ -1,6 +1,8 @@
-"""Limits on what a request body may be, checked before anything parses it (an ASGI middleware).
+"""Limits on what a request may be, checked before anything parses it (an ASGI middleware).
 
-A body over `max_bytes` is answered 413 (by its Content-Length before it is read, or as soon as
+A head with more than MAX_HEADERS headers or more than MAX_HEAD_BYTES of them is answered 431
+(h11 bounds only a head that arrives in pieces, at 16 KiB; one that arrives whole passed at any
+size). A body over `max_bytes` is answered 413 (by its Content-Length before it is read, or as soon as
 the bytes read pass the limit); JSON nested deeper than `max_depth` is answered 400 (Python's
 parser would recurse into it and fail with a server error). Every answer has OpenAI's error shape.
 """
@@ -21,6 +23,9 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # a JSON string (escapes included) as one token, or a bracket: depth counts brackets outside strings
+MAX_HEADERS = 100          # as llama-server's cpp-httplib
+MAX_HEAD_BYTES = 32 * 2**10
+
 _JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 
 
@@ -48,6 +53,13 @@ class BodyLimits:
         self.app, self.max_bytes, self.max_depth = app, max_bytes, max_depth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = scope["headers"]
+            size = sum(len(k) + len(v) + 4 for k, v in headers)  # "name: value\r\n"
+            if len(headers) > MAX_HEADERS or size > MAX_HEAD_BYTES:
+                await self._refuse(send, 431, f"the request has {len(headers)} headers of {size} bytes, the limits "
+                                              f"{MAX_HEADERS} and {MAX_HEAD_BYTES}: send fewer or shorter ones")
+                return
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
