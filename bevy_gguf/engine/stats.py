@@ -28,22 +28,8 @@ class RunStats:
         return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
 
-def union_seconds(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of [start, end) intervals: the wall time during which any ran."""
-    total, cur_start, cur_end = 0.0, None, None
-    for start, end in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
-
-
-def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def merged_spans(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """[start, end) intervals merged where they overlap or touch, in order."""
     out: list[tuple[float, float]] = []
     for start, end in sorted(intervals):
         if out and start <= out[-1][1]:
@@ -51,6 +37,11 @@ def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
         else:
             out.append((start, end))
     return out
+
+
+def union_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals: the wall time during which any ran."""
+    return sum((end - start for start, end in merged_spans(intervals)), 0.0)
 
 
 @dataclass(slots=True)
@@ -68,7 +59,7 @@ class SpanUnion:
     def add(self, start: float, end: float) -> None:
         self.spans.append((start, end))
         if len(self.spans) > self.keep:
-            merged = _merged(self.spans)
+            merged = merged_spans(self.spans)
             self.folded_s += sum(e - s for s, e in merged[: -self.tail])
             self.spans = merged[-self.tail:]
 

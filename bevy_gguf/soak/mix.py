@@ -19,6 +19,7 @@ from bevy_gguf.config import EngineConfig
 from bevy_gguf.engine.engine import LLMEngine
 from bevy_gguf.engine.request import Request
 from bevy_gguf.server.chat import render_chat
+from bevy_gguf.server.stops import sendable
 from bevy_gguf.workload import texts
 
 MARGIN = 0.05          # the margin rule's near-tie (docs/correctness.md)
@@ -70,13 +71,8 @@ def text_of(data: bytes) -> str:
 
 
 def cut_at_stops(data: bytes, stops: tuple[str, ...]) -> bytes:
-    """data up to its first stop string (matched on bytes, as the engine does)."""
-    cut = len(data)
-    for s in stops:
-        at = data.find(s.encode())
-        if at >= 0:
-            cut = min(cut, at)
-    return data[:cut]
+    """data up to its first stop string (matched on bytes, as the server sends it)."""
+    return data[: sendable(data, stops, done=True)]
 
 
 def trusted_count(margins: list[float]) -> int:
