@@ -147,6 +147,8 @@ class EngineConfig:
                                          # for llama.cpp's stall on a missing expert)
     runahead: str = "auto"               # bevy: auto | on | off: flights whose experts are in run ahead (auto:
                                          # on or off, whichever decodes faster, measured as it runs)
+    prefill_wave: int = 16               # bevy: prompt chunks that prefill together, layer-major (their layers'
+                                         # experts load once for the wave; 1: chunk after chunk)
     repack: bool = True                  # llama.cpp's weight repacking (-nr/--no-repack: off): stock copies
                                          # repackable weights (Q4_0, Q4_K, ... on AVX2) into memory of its own
     # device options (where the expert cache lives) join here; today it is host memory
@@ -161,7 +163,7 @@ class EngineConfig:
             raise BevyError(f"unknown scheduler {self.scheduler!r}: choose one of {', '.join(scheduler_names())}")
         if not isinstance(self.lanes, int) or isinstance(self.lanes, bool) or self.lanes < 0:
             raise BevyError(f"lanes must be an integer of at least 0 (0: measured), got {self.lanes!r}")
-        for name in ("n_parallel", "n_threads", "link_workers"):
+        for name in ("n_parallel", "n_threads", "link_workers", "prefill_wave"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise BevyError(f"{name} must be an integer, got {value!r}")

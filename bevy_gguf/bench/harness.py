@@ -32,6 +32,7 @@ from bevy_gguf.engine.cache_layout import CacheLayout
 from bevy_gguf.engine.stats import hit_rate
 from bevy_gguf.errors import BevyError
 from bevy_gguf.gguf_info import inspect_model
+from bevy_gguf.workload.serving import DECODE_TOKENS, PROMPT_TOKENS, serve_range
 
 WORKER_TIMEOUT_S = 900
 TRACE_EVENTS = 2_000_000
@@ -51,8 +52,9 @@ class BenchConfig:
     systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
     caches: list[str] = field(default_factory=lambda: ["25%"])
     links: list[str] = field(default_factory=list)  # a link sweep (default: link alone)
-    workload: str = "text"
+    workload: str = "text"  # text | generate: a burst of `requests`; serve: a closed-loop stream (workload/serving.py)
     seed: int = 0
+    warmup: int = 0  # serve: requests finished before the measured window (0: --parallel)
     timeline: bool = True
     split_factor: float = 1.0  # bevy's
     lanes: int = 0  # bevy's (0: measured)
@@ -62,8 +64,12 @@ class BenchConfig:
     def __post_init__(self) -> None:
         for system in self.systems:
             parse_system(system, SYSTEMS, BEVY_SYSTEMS)
-        if self.workload not in ("text", "generate"):
-            raise BevyError(f"--workload {self.workload}: choose text or generate")
+        if self.workload not in ("text", "generate", "serve"):
+            raise BevyError(f"--workload {self.workload}: choose text, generate or serve")
+        if self.workload == "serve" and self.requests < self.parallel + max(self.warmup, 1) + 1:
+            raise BevyError(f"--workload serve measures between the warm-up and the drain: it needs more than "
+                            f"--parallel + the warm-up ({self.parallel} + {self.warmup or self.parallel}) "
+                            f"requests; raise --requests")
         if self.repeats < 1:
             raise BevyError("--repeats must be at least 1")
         if not self.links:
@@ -84,7 +90,9 @@ def _spec(cfg: BenchConfig, system: str, cache: str, link: str, trace_events: in
             "requests": cfg.requests, "threads": cfg.threads, "prompt_tokens": cfg.prompt_tokens, "steps": cfg.steps,
             "workload": cfg.workload, "seed": cfg.seed, "eviction": cfg.eviction, "trace_events": trace_events,
             "split_factor": cfg.split_factor, "lanes": cfg.lanes, "two_pass": cfg.two_pass,
-            "runahead": cfg.runahead} | variant.options
+            "runahead": cfg.runahead, "warmup": cfg.warmup or cfg.parallel,
+            "prompt_range": serve_range(PROMPT_TOKENS, cfg.prompt_tokens),
+            "decode_range": serve_range(DECODE_TOKENS, cfg.steps)} | variant.options
 
 
 def run_worker(spec: dict[str, Any], cap: MemoryCap | None = None) -> dict[str, Any]:
@@ -140,6 +148,9 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
         "cache_bytes": ok[0].get("cache_bytes"),
         "tpot_p50_ms": _percentile(tpot, 50), "tpot_p99_ms": _percentile(tpot, 99),
         "ttft_ms": _median([statistics.median(r["ttft_ms"]) for r in ok if r["ttft_ms"]]),
+        "ttft_p99_ms": _percentile([t for r in ok for t in r["ttft_ms"]], 99),
+        "window_s": _median([r["window"]["seconds"] for r in ok if r.get("window")]),
+        "decode_tokens": _median([r["decode_tokens"] for r in ok]),
         "hit_rate": _median([hit_rate(c) for c in counters]) if counters else None,
         "bytes_loaded": _median([c["bytes_loaded"] for c in counters]) if counters else None,
         "overlap_efficiency": _median(overlap), "link_utilization": _median(link_util),
@@ -295,34 +306,48 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
             rows += [summarize_row(system, pct, runs[(system, pct, link)], link) for system in others]
 
     # the bound of each point
-    decode_tokens = cfg.requests * cfg.steps
-    compute_s = fastest_compute_s(resident, rows, decode_tokens)
-    order = reference_order(cfg)
-    bound = []
-    for cache, pct, link in points:
-        link_rate = _link_rate(link, [r for r in rows if r.get("link_point") == link])
-        budget = parse_cache_size(cache, info.expert_bytes)
-        misses, belady_bytes = class_misses(order, layout, budget, belady_misses)
-        online, online_bytes = class_misses(order, layout, budget, lambda o, n: policy_misses(
-            o, n, cfg.eviction, info.n_layer, info.n_expert))
-        link_s, online_link_s = ((b / link_rate if link_rate else None) for b in (belady_bytes, online_bytes))
-        bound.append({"cache": pct, "link_point": link, "link_rate_bytes_per_s": link_rate,
-                      "tok_per_s": _bound_tok_per_s(decode_tokens, compute_s, link_s),
-                      "belady_misses": misses, "belady_bytes": belady_bytes,
-                      "compute_s": compute_s, "link_s": link_s, "online_policy": cfg.eviction,
-                      "online_misses": online, "online_link_s": online_link_s,
-                      "online_tok_per_s": _bound_tok_per_s(decode_tokens, compute_s, online_link_s)})
+    serve = cfg.workload == "serve"
+    decode_tokens = cfg.requests * cfg.steps  # the burst's (a serve run has no bound yet)
+    order = None if serve else reference_order(cfg)
+    bound = [_point_bound(cfg, info, layout, order, cache, link, rows, resident, decode_tokens)
+             for cache, _, link in points]
     for row in rows:
         b = next((b for b in bound if b["cache"] == row["cache"] and b["link_point"] == row["link_point"]), None)
         ok = b and b["tok_per_s"] and row["tok_per_s"]
         row["pct_of_bound"] = row["tok_per_s"] / b["tok_per_s"] if ok else None
     protocol = asdict(cfg) | {"model": str(cfg.model), "model_bytes": info.file_bytes,
                               "expert_bytes": info.expert_bytes, "slot_bytes": layout.slot_bytes,
-                              "decode_tokens": decode_tokens, "touched_experts": touched_experts(order),
+                              "decode_tokens": None if serve else decode_tokens,
+                              "touched_experts": touched_experts(order) if order else None,
                               "n_experts": info.n_layer * info.n_expert,
                               "link_rate_bytes_per_s": bound[0]["link_rate_bytes_per_s"] if bound else None,
                               "machine": _machine()}
     return {"protocol": protocol, "runs": rows, "bound": bound, "timelines": timelines}
+
+
+def _point_bound(cfg: BenchConfig, info: Any, layout: CacheLayout, order: dict[str, Any] | None, cache: str,
+                 link: str, rows: list[dict[str, Any]], resident: list[dict[str, Any]], decode_tokens: int
+                 ) -> dict[str, Any]:
+    """The bound of one point (see the module's docstring); without a recorded order (the serve
+    workload: its order depends on the scheduler's batching) only the link's rate is known."""
+    pct = 100 * parse_cache_size(cache, info.expert_bytes) / info.expert_bytes
+    link_rate = _link_rate(link, [r for r in rows if r.get("link_point") == link])
+    out: dict[str, Any] = {"cache": pct, "link_point": link, "link_rate_bytes_per_s": link_rate, "tok_per_s": None,
+                           "belady_misses": None, "belady_bytes": None, "compute_s": None, "link_s": None,
+                           "online_policy": cfg.eviction, "online_misses": None, "online_link_s": None,
+                           "online_tok_per_s": None}
+    if order is None:
+        return out | {"note": "no bound: the serve workload records no reference order yet"}
+    compute_s = fastest_compute_s(resident, rows, decode_tokens)
+    budget = parse_cache_size(cache, info.expert_bytes)
+    misses, belady_bytes = class_misses(order, layout, budget, belady_misses)
+    online, online_bytes = class_misses(order, layout, budget, lambda o, n: policy_misses(
+        o, n, cfg.eviction, info.n_layer, info.n_expert))
+    link_s, online_link_s = ((b / link_rate if link_rate else None) for b in (belady_bytes, online_bytes))
+    return out | {"tok_per_s": _bound_tok_per_s(decode_tokens, compute_s, link_s), "belady_misses": misses,
+                  "belady_bytes": belady_bytes, "compute_s": compute_s, "link_s": link_s, "online_misses": online,
+                  "online_link_s": online_link_s,
+                  "online_tok_per_s": _bound_tok_per_s(decode_tokens, compute_s, online_link_s)}
 
 
 def _run_offload(cfg: BenchConfig, info: Any, pct: float, unpacked: list[dict[str, Any]],

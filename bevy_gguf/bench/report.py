@@ -8,6 +8,7 @@ from typing import Any
 
 from bevy_gguf._native import libbevy as native
 from bevy_gguf.bench.targets import measured_ratios, verdict
+from bevy_gguf.workload.serving import DECODE_TOKENS, PROMPT_TOKENS, serve_range
 
 TARGETS = "docs/benchmark.md"
 
@@ -40,12 +41,12 @@ def markdown(report: dict[str, Any], command: str) -> str:
         "",
         f"Machine: {p['machine']}. Model: `{Path(p['model']).name}` ({p['model_bytes'] / 1e6:.0f} MB, "
         f"{p['expert_bytes'] / 1e6:.0f} MB of routed experts, {p['slot_bytes'] / 1e3:.0f} kB per expert).",
-        f"Workload: {p['workload']} ({'teacher-forced texts' if p['workload'] == 'text' else 'greedy generation'}), "
-        f"{p['requests']} requests, {p['prompt_tokens']}-token prompts, {p['steps']} decode steps each, "
-        f"--parallel {p['parallel']}, {p['threads']} threads. Link: {link}"
+        f"Workload: {_workload(p)}, --parallel {p['parallel']}, {p['threads']} threads. Link: {link}"
         + (f", measured {p['link_rate_bytes_per_s'] / 1e9:.2f} GB/s" if p.get("link_rate_bytes_per_s") and not sweep
            else "")
-        + f". {p['repeats']} runs per row (median), systems interleaved, cold cache per run.",
+        + f". {p['repeats']} runs per row (median), systems interleaved, cold cache per run"
+        + (" (every figure counted inside the run's steady-state window, bench/window.py)." if p["workload"] == "serve"
+           else "."),
         "Weight layouts: stock-resident as stock runs by default (repackable weights, e.g. Q4_0 and Q4_K "
         "on AVX2, copied into ggml-cpu's interleaved layouts); stock-offload with --no-repack (every weight "
         "read through the mapping); bevy-gguf's dense weights as stock-resident's, its cache slots the "
@@ -81,9 +82,11 @@ def markdown(report: dict[str, Any], command: str) -> str:
               "|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|"]
     for b in report["bound"]:
         link = f"{_link_cell(b.get('link_point'))} | " if sweep else ""
-        lines.append(f"| {b['cache']:.0f}% | {link}{_fmt(b['tok_per_s'])} | {b['belady_misses']} | "
-                     f"{_fmt(b['compute_s'], '.2f')} | {_fmt(b['link_s'], '.2f')} | {b.get('online_misses', '-')} | "
-                     f"{_fmt(b.get('online_tok_per_s'))} |")
+        lines.append(f"| {b['cache']:.0f}% | {link}{_fmt(b['tok_per_s'])} | {_fmt(b['belady_misses'], 'd')} | "
+                     f"{_fmt(b['compute_s'], '.2f')} | {_fmt(b['link_s'], '.2f')} | "
+                     f"{_fmt(b.get('online_misses'), 'd')} | {_fmt(b.get('online_tok_per_s'))} |")
+    notes = sorted({b["note"] for b in report["bound"] if b.get("note")})
+    lines += [""] + [f"{n[0].upper()}{n[1:]}." for n in notes] if notes else []
     fits = [r for r in report["runs"] if r.get("cost_model")]
     if fits:
         lines += ["", "The call cost model each lane of `bevy` fitted on this machine (last run of each point; "
@@ -120,10 +123,25 @@ def markdown(report: dict[str, Any], command: str) -> str:
             target = f"≥ {r.target:g}" if r.target is not None else "-"
             link = f"{_link_cell(r.link)} | " if sweep else ""
             lines.append(f"| {r.name} | {r.cache:.0f}% | {link}{r.value:.2f} | {spread} | {target} | {verdict(r)} |")
-    lines += ["", "Definitions: tok/s = decode tokens / decode wall time (prefill excluded, TTFT apart); compute busy ="
+    tok_s = ("decode outputs inside the steady-state window / its length (the joiners' prefill runs inside it, "
+             "as on a server; TTFT from admission, of the requests admitted inside it)" if p["workload"] == "serve"
+             else "decode tokens / decode wall time (prefill excluded, TTFT apart)")
+    lines += ["", f"Definitions: tok/s = {tok_s}; compute busy ="
               " time at least one graph computes; link busy = time at least one transfer is in flight; overlap "
               "efficiency = max(compute busy, link busy) / decode wall time.", ""]
     return "\n".join(lines)
+
+
+def _workload(p: dict[str, Any]) -> str:
+    """The protocol's workload, in words."""
+    if p["workload"] == "serve":
+        lo_p, lo_d = serve_range(PROMPT_TOKENS, p["prompt_tokens"])[0], serve_range(DECODE_TOKENS, p["steps"])[0]
+        return (f"serve (a closed-loop stream of {p['requests']} teacher-forced texts, prompts of {lo_p}-"
+                f"{p['prompt_tokens']} tokens and {lo_d}-{p['steps']} decode steps, log-uniform, seed {p['seed']}; "
+                f"the window runs from the {p['warmup'] or p['parallel']}th finish to the drain)")
+    kind = "teacher-forced texts" if p["workload"] == "text" else "greedy generation"
+    return f"{p['workload']} ({kind}), {p['requests']} requests, {p['prompt_tokens']}-token prompts, " \
+           f"{p['steps']} decode steps each"
 
 
 def _runahead_table(report: dict[str, Any], sweep: bool) -> list[str]:

@@ -21,6 +21,7 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "split-factor": ("split_factor", float),
     "lanes": ("lanes", int),
     "eviction": ("eviction", str),
+    "prefill-wave": ("prefill_wave", int),
 }
 
 
@@ -70,5 +71,7 @@ def _check(name: str, key: str, value: Any) -> None:
         raise BevyError(f"{name}: runahead={value}: choose one of {', '.join(RUNAHEAD)}")
     if key == "eviction" and value not in EVICTIONS:
         raise BevyError(f"{name}: eviction={value}: choose one of {', '.join(EVICTIONS)}")
+    if key == "prefill-wave" and value < 1:
+        raise BevyError(f"{name}: prefill-wave must be at least 1, got {value}")
     if key in ("split-factor", "lanes") and value < 0:
         raise BevyError(f"{name}: {key} must be at least 0, got {value}")

@@ -13,12 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bevy_gguf.bench.window import CounterSampler, steady_window, window_outputs, window_ttft_ms
 from bevy_gguf.config import EngineConfig
 from bevy_gguf.engine.engine import RUNNER_STATS
 from bevy_gguf.engine.registry import scheduler_names
 from bevy_gguf.engine.run_result import RunResult, run_requests
 from bevy_gguf.errors import BevyError
 from bevy_gguf.workload.prompts import workload_requests
+from bevy_gguf.workload.serving import ServeShape, serving_requests
 
 STOCK_SYSTEMS = ("stock-resident", "stock-offload")
 BEVY_SYSTEMS = tuple(reversed(scheduler_names()))  # blocking, prefetch, bevy-ctx, bevy
@@ -40,11 +42,22 @@ def inter_token_ms(result: RunResult) -> list[float]:
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     system = spec["system"]
     model = Path(spec["model"])
-    forced = spec.get("workload", "text") == "text"
+    workload = spec.get("workload", "text")
+    serve = workload == "serve"
 
     def make_requests(m):  # noqa: ANN001, ANN202
+        if serve:
+            shape = ServeShape(requests=spec["requests"], prompt_tokens=tuple(spec["prompt_range"]),
+                               decode_tokens=tuple(spec["decode_range"]), seed=spec.get("seed", 0))
+            return serving_requests(m, shape)
         return workload_requests(m, spec["requests"], spec["prompt_tokens"], spec["steps"], seed=spec.get("seed", 0),
-                                 forced=forced)
+                                 forced=workload == "text")
+
+    samplers: list[CounterSampler] = []
+
+    def sample_counters(_requests, counters):  # noqa: ANN001, ANN202
+        samplers.append(CounterSampler(counters or dict))
+        return samplers[-1]
 
     if system not in SYSTEMS:
         raise BevyError(f"unknown system {system!r}: choose from {', '.join(SYSTEMS)}")
@@ -55,8 +68,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                           link=spec.get("link", "file"), eviction=spec.get("eviction", "next-use"),
                           split_factor=spec.get("split_factor", 1.0), lanes=spec.get("lanes", 0),
                           two_pass=spec.get("two_pass", "auto"),
-                          runahead=spec.get("runahead", "auto"), repack=spec.get("repack", True))
-    result = run_requests(config, make_requests, trace_events=0 if stock else spec.get("trace_events", 0))
+                          runahead=spec.get("runahead", "auto"), prefill_wave=spec.get("prefill_wave", 16),
+                          repack=spec.get("repack", True))
+    result = run_requests(config, make_requests, progress=sample_counters if serve else None,
+                          trace_events=0 if stock else spec.get("trace_events", 0))
     s = result.stats
     out: dict[str, Any] = {
         "system": system, "decode_tokens": s.decode_tokens, "decode_s": s.decode_s, "prefill_s": s.prefill_s,
@@ -75,7 +90,32 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         out |= {key: result.cache[key] for key in RUNNER_STATS}
     else:
         out |= {"compute_busy_s": s.decode_s, "link_busy_s": 0.0}
+    if serve:
+        out |= in_window(result, spec["parallel"], spec.get("warmup") or spec["parallel"], samplers[0], stock)
     return out
+
+
+def in_window(result: RunResult, n_parallel: int, warmup: int, sampler: CounterSampler, stock: bool
+              ) -> dict[str, Any]:
+    """A serving run's figures inside its steady-state window (bench/window.py), in place of the
+    whole run's (kept under "whole_run"): decode tokens, tok/s, TPOT, TTFT, counters, busy times."""
+    requests = result.requests
+    window = steady_window([r.times[-1] for r in requests if r.times], n_parallel, warmup)
+    tokens, gaps = window_outputs([r.times for r in requests], window)
+    out: dict[str, Any] = {
+        "whole_run": {"decode_tokens": result.stats.decode_tokens, "decode_s": result.stats.decode_s,
+                      "tok_per_s": result.stats.tok_per_s},
+        "window": {"start_s": window.start - sampler.times[0], "seconds": window.seconds,
+                   "requests": len(requests), "warmup": warmup},
+        "decode_tokens": tokens, "decode_s": window.seconds, "tok_per_s": tokens / window.seconds, "tpot_ms": gaps,
+        "ttft_ms": window_ttft_ms([r.admitted_s for r in requests], [r.times[0] if r.times else None
+                                                                     for r in requests], window),
+    }
+    if stock:
+        return out | {"compute_busy_s": window.seconds}
+    counters = {k: round(v) for k, v in sampler.between(window).items()}
+    return out | {"decode_counters": counters, "compute_busy_s": counters.get("compute_busy_ns", 0) / 1e9,
+                  "link_busy_s": counters.get("link_busy_ns", 0) / 1e9}
 
 
 def main() -> int:

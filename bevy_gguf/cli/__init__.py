@@ -11,6 +11,7 @@ from bevy_gguf.config import ENGINES, EVICTIONS, FLASH_ATTN, RUNAHEAD, TWO_PASS,
 from bevy_gguf.engine.registry import DEFAULT_SCHEDULER, help_text, scheduler_names
 from bevy_gguf.errors import BevyError
 from bevy_gguf.synth.spec import ARCHS, DTYPES, QUANTIZE_TYPES, ModelSpec
+from bevy_gguf.workload.serving import DECODE_TOKENS, PROMPT_TOKENS, SERVE_REQUESTS_PER_SEQ
 
 DEFAULT = ModelSpec()
 
@@ -74,7 +75,8 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
                   eviction=args.eviction, link_workers=args.link_workers, wait_timeout_s=args.wait_timeout,
                   lanes=getattr(args, "lanes", 0), split_factor=getattr(args, "split_factor", 1.0),
                   two_pass=getattr(args, "two_pass", "auto"),
-                  runahead=getattr(args, "runahead", "auto"), repack=not getattr(args, "no_repack", False))
+                  runahead=getattr(args, "runahead", "auto"), prefill_wave=getattr(args, "prefill_wave", 16),
+                  repack=not getattr(args, "no_repack", False))
     return EngineConfig(**(values | overrides))
 
 
@@ -150,8 +152,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if key not in sweeps or not values:
             raise BevyError(f"--sweep {sweep}: write it as cache=25%,50%,90% or link=throttle:1GB/s:ram,...")
         sweeps[key] = [v for v in values.split(",") if v]
-    cfg = BenchConfig(model=Path(args.model), parallel=args.parallel, requests=args.requests or args.parallel,
-                      prompt_tokens=args.prompt_tokens, steps=args.steps, threads=args.threads, link=args.link,
+    serve = args.workload == "serve"
+    cfg = BenchConfig(model=Path(args.model), parallel=args.parallel,
+                      requests=args.requests or (SERVE_REQUESTS_PER_SEQ * args.parallel if serve else args.parallel),
+                      prompt_tokens=args.prompt_tokens or (PROMPT_TOKENS[1] if serve else 16),
+                      steps=args.steps or (DECODE_TOKENS[1] if serve else 64), warmup=args.warmup,
+                      threads=args.threads, link=args.link,
                       eviction=args.eviction, repeats=args.repeats,
                       systems=[s for s in args.systems.split(",") if s], caches=sweeps["cache"],
                       links=sweeps["link"], workload=args.workload, timeline=bool(args.out),
@@ -246,6 +252,9 @@ def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: b
                    help="bevy: requests whose experts are in run ahead to later layers while the others' load "
                         "(on), or groups stay whole, one call per step as blocking (off); default auto: "
                         "whichever decodes faster, measured in turn as it runs")
+    p.add_argument("--prefill-wave", type=positive("--prefill-wave"), default=16, metavar="N",
+                   help="bevy: prompt chunks that prefill together, layer-major: each layer's experts load once "
+                        "for the N chunks instead of once per chunk (1: chunk after chunk)")
     p.add_argument("--split-factor", type=float, default=1.0, metavar="X",
                    help="bevy: a group waits for a request whose experts land within X times the group's "
                         "compute, as the cost model measured on this machine predicts (0: run whatever is ready)")
@@ -294,14 +303,15 @@ def build_parser() -> argparse.ArgumentParser:
     be = sub.add_parser("bench", help="A/B benchmark against stock llama.cpp, side by side in one invocation")
     add_model_arg(be)
     be.add_argument("-np", "--parallel", type=positive("--parallel"), default=8)
-    be.add_argument("--requests", type=positive("--requests"), help="requests (default: --parallel)")
+    be.add_argument("--requests", type=positive("--requests"),
+                    help=f"requests (default: --parallel; serve: {SERVE_REQUESTS_PER_SEQ} x --parallel)")
     be.add_argument("--expert-cache", default="25%", metavar="SIZE", help="the cache point without --sweep")
     be.add_argument("--sweep", metavar="KEY=A,B,...", action="append",
                     help="cache points (cache=25%%,50%%,90%%) or link points (link=throttle:0.5GB/s:ram,"
                          "throttle:2GB/s:ram); give both for every pair")
     be.add_argument("--systems", default="stock-resident,stock-offload,blocking,prefetch,bevy-ctx,bevy",
                     help="comma-separated; a variant NAME:option=value[:...] (options two-pass, runahead, "
-                         "split-factor, lanes, eviction) runs beside its base system for an in-run A/B, "
+                         "split-factor, lanes, eviction, prefill-wave) runs beside its base system for an in-run A/B, "
                          "e.g. bevy:two-pass=off")
     be.add_argument("--link", default="file")
     be.add_argument("--eviction", choices=EVICTIONS, default="next-use")
@@ -310,10 +320,16 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--lanes", type=int, default=0, help="bevy's (see run --help)")
     be.add_argument("--two-pass", choices=TWO_PASS, default="auto", help="for every bevy-gguf system (see run --help)")
     be.add_argument("--runahead", choices=RUNAHEAD, default="auto", help="bevy's (see run --help)")
-    be.add_argument("--workload", choices=["text", "generate"], default="text",
-                    help="text: teacher-forced workload texts; generate: greedy generation")
-    be.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=16)
-    be.add_argument("--steps", type=positive("--steps"), default=64)
+    be.add_argument("--workload", choices=["text", "generate", "serve"], default="text",
+                    help="text: a burst of teacher-forced workload texts; generate: the same, greedy generation; "
+                         "serve: a closed-loop stream of texts of varied lengths, measured in its steady state "
+                         "(docs/benchmark.md)")
+    be.add_argument("--prompt-tokens", type=positive("--prompt-tokens"),
+                    help=f"prompt tokens (default 16; serve: the longest, default {PROMPT_TOKENS[1]})")
+    be.add_argument("--steps", type=positive("--steps"),
+                    help=f"decode steps (default 64; serve: the longest, default {DECODE_TOKENS[1]})")
+    be.add_argument("--warmup", type=positive("--warmup"), default=0,
+                    help="serve: requests finished before the measured window (default: --parallel)")
     be.add_argument("-t", "--threads", type=positive("--threads"), default=physical_cores(),
                     help="threads (default: this machine's physical cores, %(default)s)")
     be.add_argument("--out", metavar="DIR", help="write report.md, report.json, throughput.png, timeline.json")

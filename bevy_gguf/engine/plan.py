@@ -25,6 +25,10 @@ Policy (parameters in PolicyParams):
   batched runner;
 - with `hold_decode`, no flight decodes a generated token while another still prefills (so
   the phases separate, as in the batched runner);
+- a prompt prefills in waves of chunks, layer-major: a chunk computes a layer only once the
+  chunk before it (same request) is past that layer (its attention there, which the chunk attends
+  to, is written), so the wave's chunks pass each layer one after another and its experts load
+  once for the wave instead of once per chunk (`_chunk_blocked`);
 - nothing ready: wait for a load (Plan.group is None);
 - with two passes per MoE layer (`two_pass`, patch 0004) a flight whose loads are under way can
   run (its call computes the experts that are in while the rest land, then waits in the hook for
@@ -60,6 +64,8 @@ class Flight:
     counted: bool = True             # its lookups were counted (once per revealed layer)
     eta: float | None = 0.0          # seconds until its loads land (0: ready; None: nothing loads for it)
     held: bool = False               # a plan already waited for it past its eta: do not wait again
+    chunk: int = 0                   # a prompt chunk's place in its wave (the chunk before it goes first)
+    done: bool = False               # a prompt chunk past the last layer whose wave goes on: it leaves
     h: np.ndarray | None = field(default=None, repr=False)  # [tokens, n_embd] entering `layer`
 
     @property
@@ -119,8 +125,9 @@ def plan(flights: list[Flight], params: PolicyParams, cost: Cost | None = None) 
     (with a cost model) the group would leave behind a flight whose loads land sooner than the
     group computes. With two passes a wait becomes a call: see _plan_two_pass."""
     holding = params.hold_decode and any(f.prefill for f in flights)
-    eligible = [i for i, f in enumerate(flights) if f.ready and not (holding and not f.prefill)]
-    waiting = tuple(i for i, f in enumerate(flights) if not f.ready)
+    blocked = _chunk_blocked(flights)
+    eligible = [i for i, f in enumerate(flights) if f.ready and not (holding and not f.prefill) and i not in blocked]
+    waiting = tuple(i for i, f in enumerate(flights) if not f.ready and i not in blocked)
     if params.two_pass:
         return _plan_two_pass(flights, params, cost, holding, eligible, waiting)
     if not eligible:
@@ -136,6 +143,16 @@ def plan(flights: list[Flight], params: PolicyParams, cost: Cost | None = None) 
         if soon:
             return Plan(None, waiting, wait_for=soon, wait_s=max(flights[i].eta for i in soon))
     return Plan(group, waiting)
+
+
+def _chunk_blocked(flights: list[Flight]) -> set[int]:
+    """Prompt chunks that wait for the chunk before them: it is still in flight at their layer or
+    behind (a chunk attends to the one before it at every layer it computes; the call of a chunk
+    that is not the whole lane covers one layer and the next one's attention, which the chunk
+    before has written once it is past that layer)."""
+    at = {(f.index, f.chunk): f.layer for f in flights if f.prefill}
+    return {i for i, f in enumerate(flights)
+            if f.prefill and f.chunk > 0 and at.get((f.index, f.chunk - 1), math.inf) <= f.layer}
 
 
 def _wait_limit(flights: list[Flight], members: list[int], params: PolicyParams, cost: Cost | None) -> float | None:

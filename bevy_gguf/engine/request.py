@@ -35,6 +35,7 @@ class Request:
     finished: bool = False
     seq: int = -1
     ttft_s: float | None = None
+    admitted_s: float | None = None  # time.perf_counter() when a runner took it from its source
     error: str | None = None  # why this request failed (it fails alone)
     sampler: Sampler | None = None  # None: greedy
     stop: tuple[str, ...] = ()      # stop strings: generation ends when the text contains one

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 from bevy_gguf.engine.request import Request
@@ -31,7 +32,7 @@ class FixedSource(RequestSource):
         self._left = deque(requests)
 
     def take(self, n: int) -> list[Request]:
-        return [self._left.popleft() for _ in range(min(n, len(self._left)))]
+        return _admitted([self._left.popleft() for _ in range(min(n, len(self._left)))])
 
     def idle_wait(self) -> bool:
         return bool(self._left)
@@ -58,7 +59,7 @@ class LiveQueue(RequestSource):
 
     def take(self, n: int) -> list[Request]:
         with self._cv:
-            taken = [self._q.popleft() for _ in range(min(n, len(self._q)))]
+            taken = _admitted([self._q.popleft() for _ in range(min(n, len(self._q)))])
             if taken:  # at most the runner's in-flight requests stay listed
                 self._taken = [r for r in self._taken if not r.finished] + taken
             return taken
@@ -92,3 +93,11 @@ class LiveQueue(RequestSource):
             left, self._q = list(self._q), deque()
             self._cv.notify_all()
             return left
+
+
+def _admitted(requests: list[Request]) -> list[Request]:
+    """Stamp the requests a runner takes with the time it took them."""
+    now = time.perf_counter()
+    for r in requests:
+        r.admitted_s = now
+    return requests

@@ -15,6 +15,7 @@ from bevy_gguf.bench.memcap import MemoryCap
 from bevy_gguf.bench.report import markdown
 from bevy_gguf.bench.targets import measured_ratios, verdict
 from bevy_gguf.synth import ensure_model
+from bevy_gguf.workload.serving import ServeShape, serve_lengths
 
 SYSTEMS = ["stock-resident", "stock-offload", "blocking", "prefetch", "bevy-ctx", "bevy"]
 VARIANT = "bevy:two-pass=off"  # an A/B row: bevy with one option of its own
@@ -235,3 +236,24 @@ def test_every_ratio_gets_its_design_target_and_the_spread_of_its_repeats() -> N
     assert "| bevy / prefetch | 90% | 1.20 | 1.16–1.24 | ≥ 1.3 | missed |" in md
     assert "| bevy / online bound | 90% | 1.50 | 1.45–1.55 | - |  |" in md
     assert "| 90% | 400.0 | 0 | - | - | - | 200.0 |" in md  # no replayed misses recorded: a dash
+
+
+def test_the_serve_workload_is_measured_in_its_steady_window(tmp_path: Path) -> None:
+    model = ensure_model(tiny_spec(layers=4, experts=16, top_k=2), progress=False)
+    proc = run_cli("bench", model, "--workload", "serve", "--requests", "10", "-np", "2", "--prompt-tokens", "48",
+                   "--steps", "40", "--systems", "stock-resident,blocking,bevy", "--repeats", "1", "--json")
+    doc = json.loads(proc.stdout)
+    p = doc["protocol"]
+    assert p["workload"] == "serve" and p["requests"] == 10 and p["warmup"] == 0
+    total = sum(n_decode for _, n_decode in serve_lengths(ServeShape(10, (16, 48), (32, 40), seed=0)))
+    for r in doc["runs"]:
+        assert r["status"] == "ok", r
+        # the window leaves out the warm-up (the first 2 to finish) and the drain (the last 1)
+        assert 0 < r["decode_tokens"] < total - 2 * 32 and r["window_s"] > 0
+        assert r["tok_per_s"] > 0 and r["tpot_p50_ms"] <= r["tpot_p99_ms"] and r["ttft_ms"] > 0
+        if r["system"] != "stock-resident":
+            assert 0 <= r["hit_rate"] <= 1 and r["bytes_loaded"] > 0 and 0 < r["overlap_efficiency"] <= 1.05
+    assert all(b["tok_per_s"] is None and "no bound" in b["note"] for b in doc["bound"])
+    assert "closed-loop stream of 10" in markdown(doc, "bench")
+    assert "raise --requests" in run_cli("bench", model, "--workload", "serve", "--requests", "3", "-np", "2",
+                                         check=False).stderr

@@ -138,3 +138,21 @@ def test_second_passes_run_only_where_they_can_hide_a_load(qwen3_tiny: Path) -> 
     off = run_json(*args, "--two-pass", "off")["stats"]
     assert off["two_pass_calls"] == 0 and off["two_pass_overhead_s"] is None and off["layer_calls"] > 0
     assert off["load_contention_s"] >= 0  # runahead overlaps loads with calls too: measured anyway
+
+
+def test_long_prompts_prefill_in_layer_major_waves(tmp_path: Path) -> None:
+    """Prompts of many chunks joining a running batch (12 requests through 4 sequences): the
+    chunks of a wave pass each layer one after another, so they follow the margin rule as chunk
+    after chunk does, and load a layer's experts once per wave instead of once per chunk."""
+    model = ensure_model(tiny_spec("qwen3moe", layers=4, experts=16, top_k=2), progress=False)
+    prompts = [(p + " ") * (8 + 4 * i) for i, p in enumerate(PROMPTS + PROMPTS[:4])]
+    ref = stock_alone(model, prompts, 8)
+    runs = {wave: probe(model, "bevy", "25%", 4, tmp_path, prompts=prompts, max_tokens=8, prefill_wave=wave)
+            for wave in (1, 16)}
+    for got in runs.values():
+        margin_ok(ref, {"requests": [{"tokens": r["tokens"]} for r in got["requests"]]}, len(prompts), 8)
+        assert got["pinned_after"] == 0
+    chunks = [-(-len(p.encode()) // runs[16]["micro_batch"]) for p in prompts]
+    assert max(chunks) >= 8, chunks  # the prompts are many chunks long
+    loads = {wave: r["counters"]["loads"] for wave, r in runs.items()}
+    assert loads[16] < 0.5 * loads[1], loads  # measured: 3,473 vs 19,053

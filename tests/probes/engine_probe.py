@@ -5,8 +5,8 @@ SPEC: {"prompts": [...], "max_tokens": n, "stop": [...], "bad": [indices of requ
 invalid token], "eviction": "...", "seed": n, "cancel": [[request, step], ...] (bevy: cancel a
 request before that scheduling step, wherever its token stands), "threads": n (default 2),
 "link": "..." (default file), "flash_attn": "auto|on|off" (default auto), "runahead": "auto|on|off"
-(default auto), "layer_range_archs": [...] (stands in for the archs patch 0003 covers: a test of
-what runs where an arch is not among them)}
+(default auto), "prefill_wave": n (default the engine's), "layer_range_archs": [...] (stands in
+for the archs patch 0003 covers: a test of what runs where an arch is not among them)}
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def main() -> int:
     config = EngineConfig(model=model_path, scheduler=scheduler, expert_cache=size, n_parallel=parallel,
                           n_threads=spec.get("threads", 2), link=spec.get("link", "file"),
                           eviction=spec.get("eviction", "next-use"), wait_timeout_s=60, seed=spec.get("seed", 0),
-                          flash_attn=spec.get("flash_attn", "auto"), runahead=spec.get("runahead", "auto"))
+                          flash_attn=spec.get("flash_attn", "auto"), runahead=spec.get("runahead", "auto"),
+                          **({"prefill_wave": spec["prefill_wave"]} if "prefill_wave" in spec else {}))
     with LLMEngine(config) as engine:
         requests = []
         for i, p in enumerate(spec["prompts"]):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from bevy_gguf.engine.plan import FIRST, Flight, Group, Plan, PolicyParams, admit_loads, plan
 
 P = PolicyParams(n_layer=4, max_tokens=64, max_experts=16, hold_decode=False, load_window=0)
@@ -291,3 +293,28 @@ def test_with_runahead_measured_to_pay_a_call_stops_where_its_stall_is_above_a_c
     assert call_end(whole, 4, 4, params, 2, 16, [0.6] * 8, costs, runahead=True) == 3
     assert call_end(whole, 4, 4, params, 2, 16, [0.1] * 8, costs, runahead=True) == 8  # 0.24 ms: go on
     assert call_end(whole, 4, 4, params, 2, 16, [0.6] * 8, costs, merge_misses=float("inf")) == 8  # whole
+
+
+def chunk(request: int, k: int, layer: int, ready: bool = True) -> Flight:
+    """Chunk k of request's prompt wave, at layer."""
+    return Flight(index=request, seq=request, tokens=[1] * 4, pos0=4 * k, progress=0, prefill=True, layer=layer,
+                  ready=ready, chunk=k)
+
+
+def test_a_prompt_wave_runs_layer_major_each_chunk_behind_the_one_before_it() -> None:
+    params = dataclasses.replace(P, two_pass=True)
+    for p in (P, params):
+        # chunk 1 may compute layer 1 (chunk 0 is past it); chunk 2 waits until chunk 1 is past layer 1
+        flights = [chunk(0, 0, 2), chunk(0, 1, 1), chunk(0, 2, 1)]
+        assert plan(flights, p).group == Group(members=(1,), layer=1)
+        # a new wave's chunks start one after another: only the first may embed now
+        flights = [chunk(0, 0, FIRST), chunk(0, 1, FIRST), chunk(0, 2, FIRST)]
+        assert plan(flights, p).group == Group(members=(0,), layer=FIRST)
+        # a chunk whose predecessor has left (past the last layer) is free; another request's chunk joins it
+        flights = [chunk(0, 3, 0), chunk(1, 0, 0)]
+        assert plan(flights, p).group == Group(members=(0, 1), layer=0)
+    # a chunk that waits for the one before it is neither run nor waited for, loading or not
+    flights = [chunk(0, 0, 1, ready=False), chunk(0, 1, 1, ready=False)]
+    flights[0].eta = flights[1].eta = 0.001
+    assert plan(flights, P).waiting == (0,)
+    assert plan(flights, params, cost=lambda members: 1.0).group == Group(members=(0,), layer=1)

@@ -68,7 +68,8 @@ class SelfBalancingRunner:
                  on_step: Callable[[int, list[Flight]], None] | None = None, load_window: int | None = None,
                  merge_misses: float | None = None, lanes: int = 1, split_factor: float = 1.0,
                  lane_memo: dict[tuple[int, int], int] | None = None, two_pass: bool = True,
-                 pass_memo: dict[tuple[int, int], StepCosts | None] | None = None, runahead: str = "auto") -> None:
+                 pass_memo: dict[tuple[int, int], StepCosts | None] | None = None, runahead: str = "auto",
+                 prefill_wave: int = 16) -> None:
         self.model = model
         self.cache = cache
         self.n_parallel = n_parallel
@@ -99,6 +100,9 @@ class SelfBalancingRunner:
         self.two_pass_calls = 0  # ... of them, those that ran two passes
         self.calibration_error: str | None = None  # ... why a start-up measurement failed (a load), if one did
         self.runahead = runahead  # auto | on | off: see runahead.py
+        # prompt chunks that prefill together, layer-major (plan.py): a layer's experts load once for
+        # them; more than a few tens only lengthens every scheduling pass (the plan is linear in flights)
+        self.prefill_wave = prefill_wave
         self.runahead_stats: dict[str, float | int | None] = {}  # ... what the lanes measured of it
         self.time_split: dict[str, float] = {}  # ... where the lanes' time went (see _Lane.time_split)
 
@@ -301,6 +305,8 @@ class _Lane:
         self.calls = 0
         self.two_pass_calls = 0  # calls that ran two passes (the others ran one)
         self._loop_s = self._calls_s = self._waits_s = 0.0  # where the step loop's time went
+        self._wave_end: dict[int, int] = {}  # per request (by index) prefilling: where its current wave ends
+        self._spawned: list[Flight] = []  # flights a call's end made (a prompt's next wave)
 
     def time_split(self) -> dict[str, float]:
         """The step loop's seconds: in layer-range calls (from the compute gate's entry to the
@@ -332,7 +338,7 @@ class _Lane:
                     index, runner._arrived = runner._arrived, runner._arrived + 1
                     requests[index] = req
                     req.seq = free.pop(0)
-                    flights.append(Flight(index, req.seq, req.prompt_tokens[: self.chunk], 0))
+                    flights += self._wave(index, req, 0)
             if not flights:
                 self.runahead.idle()
                 self.cache.unreserve_all(self.owner)  # an idle server holds no slot
@@ -371,6 +377,8 @@ class _Lane:
             if self.t_decode0 is None and not any(f.prefill for f in flights):
                 self.t_decode0 = time.perf_counter()
             self._run_group(ctx, requests, flights, p.group, t0, stats)
+            flights += self._spawned  # the next wave of a prompt whose wave ended
+            self._spawned = []
             flights = self._retire(ctx, requests, flights, free)
             self._calls_s += self._call_s
             self._loop_s += time.perf_counter() - t_pass
@@ -474,7 +482,7 @@ class _Lane:
             self._waiting_since = now
         elif now - self._waiting_since > self.runner.wait_timeout_s:
             for f in flights:
-                if not f.ready:
+                if not f.ready and not requests[f.index].finished:
                     requests[f.index].fail(f"timed out after {self.runner.wait_timeout_s:g} s waiting for experts "
                                            f"(at layer {f.layer})")
             self._waiting_since = None
@@ -551,17 +559,30 @@ class _Lane:
         for f, _, b in spans:
             self._finish_block(ctx, requests, f, b - 1, t0, stats)  # logits of its last row
 
+    def _wave(self, index: int, req: Request, pos0: int) -> list[Flight]:
+        """The prompt's chunks from pos0 that prefill together (up to prefill_wave), layer-major:
+        each computes a layer after the chunk before it (plan.py), so through a small cache the
+        wave loads a layer's experts once instead of once per chunk."""
+        end = min(len(req.prompt_tokens), pos0 + self.runner.prefill_wave * self.chunk)
+        self._wave_end[index] = end
+        return [Flight(index, req.seq, req.prompt_tokens[p: min(p + self.chunk, end)], p, chunk=k)
+                for k, p in enumerate(range(pos0, end, self.chunk))]
+
     def _finish_block(self, ctx: Context, requests: dict[int, Request], f: Flight, out_row: int, t0: float,
                       stats: RunStats) -> None:
-        """The block passed the last layer: take its output and set up the next block."""
+        """The block passed the last layer: take its output and set up the next block (a prompt
+        chunk that is not the prompt's last leaves, and the last of its wave brings the next wave)."""
         req = requests[f.index]
         f.h, f.experts, f.layer = None, (), FIRST
         if f.prefill:
             stats.prefill_tokens += len(f.tokens)
-            if f.pos0 + len(f.tokens) < len(req.prompt_tokens):  # more prompt chunks
-                f.pos0 += len(f.tokens)
-                f.tokens = req.prompt_tokens[f.pos0: f.pos0 + self.chunk]
+            end = f.pos0 + len(f.tokens)
+            if end < len(req.prompt_tokens):  # more prompt chunks
+                f.done = True
+                if end == self._wave_end[f.index]:
+                    self._spawned += self._wave(f.index, req, end)
                 return
+            self._wave_end.pop(f.index, None)
         else:
             stats.decode_tokens += 1
         token, margin = req.choose(ctx, out_row)
@@ -570,15 +591,22 @@ class _Lane:
             req.ttft_s = time.perf_counter() - t0
         if not req.finished:
             f.pos0, f.tokens, f.prefill, f.progress = req.n_past, [req.next_input()], False, req.n_decoded + 1
+            f.chunk = 0
 
     def _retire(self, ctx: Context, requests: dict[int, Request], flights: list[Flight],
                 free: list[int]) -> list[Flight]:
-        still = []
+        """The flights that go on: finished requests leave (their sequence freed, once, whatever
+        chunks of theirs were in flight), and so do prompt chunks whose wave goes on without them."""
+        still, gone = [], set()
         for f in flights:
+            if f.index in gone or f.done:
+                continue
             if requests[f.index].finished:
+                gone.add(f.index)
                 ctx.seq_rm(f.seq)
                 free.append(f.seq)
                 free.sort()
+                self._wave_end.pop(f.index, None)
                 with self.runner._lock:
                     del requests[f.index]
             else:
