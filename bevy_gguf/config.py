@@ -20,6 +20,9 @@ EVICTIONS = ("next-use", "lru", "random")
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # LLAMA_FLASH_ATTN_TYPE_*
 TWO_PASS = ("auto", "on", "off")
 RUNAHEAD = ("auto", "on", "off")
+# off: in a steady serving stream runahead loaded 1.5x blocking's bytes and auto's epochs, which
+# credit runahead with work the epochs after it pay for, ran it a third of the time (docs/architecture.md)
+DEFAULT_RUNAHEAD = "off"
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -145,7 +148,7 @@ class EngineConfig:
     two_pass: str = "auto"               # auto | on | off: a MoE layer computes its loaded experts while the
                                          # others load (auto: bevy and bevy-ctx; blocking and prefetch stand
                                          # for llama.cpp's stall on a missing expert)
-    runahead: str = "auto"               # bevy: auto | on | off: flights whose experts are in run ahead (auto:
+    runahead: str = DEFAULT_RUNAHEAD     # bevy: auto | on | off: flights whose experts are in run ahead (auto:
                                          # on or off, whichever decodes faster, measured as it runs)
     prefill_wave: int = 16               # bevy: prompt chunks that prefill together, layer-major (their layers'
                                          # experts load once for the wave; 1: chunk after chunk)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from bevy_gguf.bench.memcap import MemoryCap, evict_page_cache
 from bevy_gguf.bench.variants import base_of, parse_system
 from bevy_gguf.bench.worker import BEVY_SYSTEMS, STOCK_SYSTEMS, SYSTEMS
-from bevy_gguf.config import LinkSpec, parse_cache_size, physical_cores
+from bevy_gguf.config import DEFAULT_RUNAHEAD, LinkSpec, parse_cache_size, physical_cores
 from bevy_gguf.engine.cache_layout import CacheLayout
 from bevy_gguf.engine.stats import hit_rate
 from bevy_gguf.errors import BevyError
@@ -59,7 +59,7 @@ class BenchConfig:
     split_factor: float = 1.0  # bevy's
     lanes: int = 0  # bevy's (0: measured)
     two_pass: str = "auto"  # every bevy-gguf system's (see EngineConfig)
-    runahead: str = "auto"  # bevy's
+    runahead: str = DEFAULT_RUNAHEAD  # bevy's
 
     def __post_init__(self) -> None:
         for system in self.systems:

@@ -13,6 +13,10 @@ from bevy_gguf.workload.serving import DECODE_TOKENS, PROMPT_TOKENS, serve_range
 TARGETS = "docs/benchmark.md"
 
 
+SERVE_WINDOW_NOTE = (" (tok/s, TPOT, TTFT, hit rate, bytes and busy times counted inside each run's steady-state "
+                     "window, bench/window.py; layer calls, the cost model and runahead's epochs are the whole run's).")
+
+
 def _fmt(value: Any, spec: str = ".1f", none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
@@ -45,8 +49,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
         + (f", measured {p['link_rate_bytes_per_s'] / 1e9:.2f} GB/s" if p.get("link_rate_bytes_per_s") and not sweep
            else "")
         + f". {p['repeats']} runs per row (median), systems interleaved, cold cache per run"
-        + (" (every figure counted inside the run's steady-state window, bench/window.py)." if p["workload"] == "serve"
-           else "."),
+        + (SERVE_WINDOW_NOTE if p["workload"] == "serve" else "."),
         "Weight layouts: stock-resident as stock runs by default (repackable weights, e.g. Q4_0 and Q4_K "
         "on AVX2, copied into ggml-cpu's interleaved layouts); stock-offload with --no-repack (every weight "
         "read through the mapping); bevy-gguf's dense weights as stock-resident's, its cache slots the "

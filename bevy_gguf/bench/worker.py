@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bevy_gguf.bench.window import CounterSampler, steady_window, window_outputs, window_ttft_ms
-from bevy_gguf.config import EngineConfig
+from bevy_gguf.config import DEFAULT_RUNAHEAD, EngineConfig
 from bevy_gguf.engine.engine import RUNNER_STATS
 from bevy_gguf.engine.registry import scheduler_names
 from bevy_gguf.engine.run_result import RunResult, run_requests
@@ -68,7 +68,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                           link=spec.get("link", "file"), eviction=spec.get("eviction", "next-use"),
                           split_factor=spec.get("split_factor", 1.0), lanes=spec.get("lanes", 0),
                           two_pass=spec.get("two_pass", "auto"),
-                          runahead=spec.get("runahead", "auto"), prefill_wave=spec.get("prefill_wave", 16),
+                          runahead=spec.get("runahead", DEFAULT_RUNAHEAD), prefill_wave=spec.get("prefill_wave", 16),
                           repack=spec.get("repack", True))
     result = run_requests(config, make_requests, progress=sample_counters if serve else None,
                           trace_events=0 if stock else spec.get("trace_events", 0))

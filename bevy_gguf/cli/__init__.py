@@ -7,7 +7,16 @@ import json
 import sys
 from pathlib import Path
 
-from bevy_gguf.config import ENGINES, EVICTIONS, FLASH_ATTN, RUNAHEAD, TWO_PASS, EngineConfig, physical_cores
+from bevy_gguf.config import (
+    DEFAULT_RUNAHEAD,
+    ENGINES,
+    EVICTIONS,
+    FLASH_ATTN,
+    RUNAHEAD,
+    TWO_PASS,
+    EngineConfig,
+    physical_cores,
+)
 from bevy_gguf.engine.registry import DEFAULT_SCHEDULER, help_text, scheduler_names
 from bevy_gguf.errors import BevyError
 from bevy_gguf.synth.spec import ARCHS, DTYPES, QUANTIZE_TYPES, ModelSpec
@@ -75,7 +84,7 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
                   eviction=args.eviction, link_workers=args.link_workers, wait_timeout_s=args.wait_timeout,
                   lanes=getattr(args, "lanes", 0), split_factor=getattr(args, "split_factor", 1.0),
                   two_pass=getattr(args, "two_pass", "auto"),
-                  runahead=getattr(args, "runahead", "auto"), prefill_wave=getattr(args, "prefill_wave", 16),
+                  runahead=getattr(args, "runahead", DEFAULT_RUNAHEAD), prefill_wave=getattr(args, "prefill_wave", 16),
                   repack=not getattr(args, "no_repack", False))
     return EngineConfig(**(values | overrides))
 
@@ -248,10 +257,11 @@ def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: b
                    help="compute each MoE layer's loaded experts while its missing ones load, then those "
                         "(the logits of one pass; default auto: bevy and bevy-ctx do, blocking and prefetch "
                         "stall as llama.cpp does)")
-    p.add_argument("--runahead", choices=RUNAHEAD, default="auto",
+    p.add_argument("--runahead", choices=RUNAHEAD, default=DEFAULT_RUNAHEAD,
                    help="bevy: requests whose experts are in run ahead to later layers while the others' load "
-                        "(on), or groups stay whole, one call per step as blocking (off); default auto: "
-                        "whichever decodes faster, measured in turn as it runs")
+                        "(on), groups stay whole, one call per step as blocking with two passes and the "
+                        "router lookahead's loads (off, the default: measured faster in a serving stream), "
+                        "or whichever decodes faster, measured in turn as it runs (auto)")
     p.add_argument("--prefill-wave", type=positive("--prefill-wave"), default=16, metavar="N",
                    help="bevy: prompt chunks that prefill together, layer-major: each layer's experts load once "
                         "for the N chunks instead of once per chunk (1: chunk after chunk)")
@@ -319,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--split-factor", type=float, default=1.0, metavar="X", help="bevy's (see run --help)")
     be.add_argument("--lanes", type=int, default=0, help="bevy's (see run --help)")
     be.add_argument("--two-pass", choices=TWO_PASS, default="auto", help="for every bevy-gguf system (see run --help)")
-    be.add_argument("--runahead", choices=RUNAHEAD, default="auto", help="bevy's (see run --help)")
+    be.add_argument("--runahead", choices=RUNAHEAD, default=DEFAULT_RUNAHEAD, help="bevy's (see run --help)")
     be.add_argument("--workload", choices=["text", "generate", "serve"], default="text",
                     help="text: a burst of teacher-forced workload texts; generate: the same, greedy generation; "
                          "serve: a closed-loop stream of texts of varied lengths, measured in its steady state "

@@ -5,7 +5,7 @@ SPEC: {"prompts": [...], "max_tokens": n, "stop": [...], "bad": [indices of requ
 invalid token], "eviction": "...", "seed": n, "cancel": [[request, step], ...] (bevy: cancel a
 request before that scheduling step, wherever its token stands), "threads": n (default 2),
 "link": "..." (default file), "flash_attn": "auto|on|off" (default auto), "runahead": "auto|on|off"
-(default auto), "prefill_wave": n (default the engine's), "layer_range_archs": [...] (stands in
+(default the engine's), "prefill_wave": n (default the engine's), "layer_range_archs": [...] (stands in
 for the archs patch 0003 covers: a test of what runs where an arch is not among them)}
 """
 
@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from bevy_gguf.config import EngineConfig
+from bevy_gguf.config import DEFAULT_RUNAHEAD, EngineConfig
 from bevy_gguf.engine import registry
 from bevy_gguf.engine.engine import LLMEngine
 from bevy_gguf.engine.request import Request
@@ -29,7 +29,7 @@ def main() -> int:
     config = EngineConfig(model=model_path, scheduler=scheduler, expert_cache=size, n_parallel=parallel,
                           n_threads=spec.get("threads", 2), link=spec.get("link", "file"),
                           eviction=spec.get("eviction", "next-use"), wait_timeout_s=60, seed=spec.get("seed", 0),
-                          flash_attn=spec.get("flash_attn", "auto"), runahead=spec.get("runahead", "auto"),
+                          flash_attn=spec.get("flash_attn", "auto"), runahead=spec.get("runahead", DEFAULT_RUNAHEAD),
                           **({"prefill_wave": spec["prefill_wave"]} if "prefill_wave" in spec else {}))
     with LLMEngine(config) as engine:
         requests = []

@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 from bevy_gguf._native import llama_ext
 from bevy_gguf._native.llama_handles import Context, ContextParams, Model
+from bevy_gguf.config import DEFAULT_RUNAHEAD
 from bevy_gguf.engine.calibrate import StepCosts, calibration_layers, choose_lanes, time_step_costs
 from bevy_gguf.engine.cost_model import CallCostModel, CallShape, LinkTimePerLoad
 from bevy_gguf.engine.expert_cache import ExpertCache
@@ -68,7 +69,7 @@ class SelfBalancingRunner:
                  on_step: Callable[[int, list[Flight]], None] | None = None, load_window: int | None = None,
                  merge_misses: float | None = None, lanes: int = 1, split_factor: float = 1.0,
                  lane_memo: dict[tuple[int, int], int] | None = None, two_pass: bool = True,
-                 pass_memo: dict[tuple[int, int], StepCosts | None] | None = None, runahead: str = "auto",
+                 pass_memo: dict[tuple[int, int], StepCosts | None] | None = None, runahead: str = DEFAULT_RUNAHEAD,
                  prefill_wave: int = 16) -> None:
         self.model = model
         self.cache = cache
