@@ -184,8 +184,14 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
 
 def reference_order(cfg: BenchConfig) -> dict[str, Any]:
     """The routing of the workload (recorded in a patched process: teacher forcing makes it the
-    same for every system) as prefill + decode visits."""
-    args = [str(cfg.model), str(cfg.requests), str(cfg.prompt_tokens), str(cfg.steps), str(cfg.threads)]
+    same for every system) as warm-up + measured visits (bench/reference.py): a serving stream's
+    through blocking's schedule, split at its steady-state window."""
+    if cfg.workload == "serve":
+        spec = {k: v for k, v in _spec(cfg, "blocking", "100%", cfg.link).items()
+                if k in ("model", "requests", "prompt_range", "decode_range", "seed", "parallel", "threads", "warmup")}
+        args = ["--serve", json.dumps(spec)]
+    else:
+        args = [str(cfg.model), str(cfg.requests), str(cfg.prompt_tokens), str(cfg.steps), str(cfg.threads)]
     proc = subprocess.run([sys.executable, "-m", "bevy_gguf.bench.reference", *args], capture_output=True, text=True,
                           timeout=WORKER_TIMEOUT_S)
     if proc.returncode != 0:
@@ -307,8 +313,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
 
     # the bound of each point
     serve = cfg.workload == "serve"
-    decode_tokens = cfg.requests * cfg.steps  # the burst's (a serve run has no bound yet)
-    order = None if serve else reference_order(cfg)
+    order = reference_order(cfg)
+    decode_tokens = order["decode_tokens"] if serve else cfg.requests * cfg.steps  # a stream's: its window's
     bound = [_point_bound(cfg, info, layout, order, cache, link, rows, resident, decode_tokens)
              for cache, _, link in points]
     for row in rows:
@@ -317,8 +323,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
         row["pct_of_bound"] = row["tok_per_s"] / b["tok_per_s"] if ok else None
     protocol = asdict(cfg) | {"model": str(cfg.model), "model_bytes": info.file_bytes,
                               "expert_bytes": info.expert_bytes, "slot_bytes": layout.slot_bytes,
-                              "decode_tokens": None if serve else decode_tokens,
-                              "touched_experts": touched_experts(order) if order else None,
+                              "decode_tokens": decode_tokens, "touched_experts": touched_experts(order),
+                              "working_set": order.get("working_set"),
                               "n_experts": info.n_layer * info.n_expert,
                               "link_rate_bytes_per_s": bound[0]["link_rate_bytes_per_s"] if bound else None,
                               "machine": _machine()}
@@ -328,17 +334,16 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
 def _point_bound(cfg: BenchConfig, info: Any, layout: CacheLayout, order: dict[str, Any] | None, cache: str,
                  link: str, rows: list[dict[str, Any]], resident: list[dict[str, Any]], decode_tokens: int
                  ) -> dict[str, Any]:
-    """The bound of one point (see the module's docstring); without a recorded order (the serve
-    workload: its order depends on the scheduler's batching) only the link's rate is known."""
+    """The bound of one point (see the module's docstring). A serving stream's is of its window:
+    the reference order's decode tokens in it, the fastest all-resident window rate, and the
+    misses of the window's visits through a cache warmed by the visits before it."""
     pct = 100 * parse_cache_size(cache, info.expert_bytes) / info.expert_bytes
     link_rate = _link_rate(link, [r for r in rows if r.get("link_point") == link])
     out: dict[str, Any] = {"cache": pct, "link_point": link, "link_rate_bytes_per_s": link_rate, "tok_per_s": None,
                            "belady_misses": None, "belady_bytes": None, "compute_s": None, "link_s": None,
                            "online_policy": cfg.eviction, "online_misses": None, "online_link_s": None,
                            "online_tok_per_s": None}
-    if order is None:
-        return out | {"note": "no bound: the serve workload records no reference order yet"}
-    compute_s = fastest_compute_s(resident, rows, decode_tokens)
+    compute_s = fastest_compute_s(resident, rows, decode_tokens, by_rate=cfg.workload == "serve")
     budget = parse_cache_size(cache, info.expert_bytes)
     misses, belady_bytes = class_misses(order, layout, budget, belady_misses)
     online, online_bytes = class_misses(order, layout, budget, lambda o, n: policy_misses(
@@ -373,11 +378,17 @@ def _run_offload(cfg: BenchConfig, info: Any, pct: float, unpacked: list[dict[st
         cap.close()
 
 
-def fastest_compute_s(resident: list[dict[str, Any]], rows: list[dict[str, Any]], tokens: int) -> float | None:
+def fastest_compute_s(resident: list[dict[str, Any]], rows: list[dict[str, Any]], tokens: int,
+                      by_rate: bool = False) -> float | None:
     """Decode seconds of the fastest all-resident execution measured in this run: stock-resident,
-    or any system at a 100% cache (whose only loads are the compulsory ones)."""
-    times = [r["decode_s"] for r in resident if "error" not in r]
-    candidates = [_median(times)] if times else []
+    or any system at a 100% cache (whose only loads are the compulsory ones). by_rate (a serving
+    window, whose tokens differ by run): tokens at the median window rate of stock-resident."""
+    if by_rate:
+        rates = [r["tok_per_s"] for r in resident if "error" not in r and r.get("tok_per_s")]
+        candidates = [tokens / _median(rates)] if rates else []
+    else:
+        times = [r["decode_s"] for r in resident if "error" not in r]
+        candidates = [_median(times)] if times else []
     candidates += [tokens / r["tok_per_s"] for r in rows if r["cache"] == 100.0 and r.get("tok_per_s")]
     return min(candidates) if candidates else None
 

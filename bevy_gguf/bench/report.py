@@ -115,6 +115,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
     if touched and n_experts:
         lines += ["", f"The recorded order touches {touched} of the {n_experts} experts "
                   f"({100 * touched / n_experts:.1f}%): a cache point at or above that sees cold misses only."]
+    lines += _working_set_lines(p)
     ratios = measured_ratios(report)
     if ratios:
         lines += ["", f"Ratios measured in this run, against their targets ({TARGETS}); per repeat: the lowest and "
@@ -284,3 +285,17 @@ def public_json(report: dict[str, Any]) -> dict[str, Any]:
     """The bench document (docs/cli.md; timelines go to timeline.json)."""
     return {"protocol": report["protocol"], "runs": report["runs"], "bound": report["bound"],
             "ratios": [r.as_json() for r in measured_ratios(report)]}
+
+
+def _working_set_lines(p: dict[str, Any]) -> list[str]:
+    """The working-set curve of the recorded order (bench/working_set.py), as one table."""
+    curve = p.get("working_set") or []
+    if not curve:
+        return []
+    where = "inside the steady-state window" if p["workload"] == "serve" else "over the decode steps"
+    return ["", f"Working set of the recorded order ({where}, blocking's schedule): distinct experts a span of "
+            "decode tokens touches (mean over consecutive spans; prompt chunks in a span count), and that as a "
+            "share of every routed expert, the cache a span needs:", "",
+            "| decode tokens | distinct experts | share | spans |", "|---|---|---|---|"] + [
+        f"| {w['decode_tokens']} | {w['distinct_experts']:.0f} | {100 * w['share']:.1f}% | {w['spans']} |"
+        for w in curve]

@@ -56,7 +56,7 @@ class Flight:
     seq: int                         # its sequence id in the context
     tokens: list[int]                # the block: a prompt chunk or one token
     pos0: int                        # position of the block's first token
-    progress: int = 0                # tokens of the request decoded so far (lagging first)
+    progress: int = 0                # the step its block belongs to (tokens, lagging first; layers.py)
     prefill: bool = True             # the block is (part of) the prompt
     layer: int = FIRST               # the layer the block computes next
     experts: tuple[int, ...] = ()    # distinct experts that layer needs (from the lookahead)

@@ -6,7 +6,8 @@ invalid token], "eviction": "...", "seed": n, "cancel": [[request, step], ...] (
 request before that scheduling step, wherever its token stands), "threads": n (default 2),
 "link": "..." (default file), "flash_attn": "auto|on|off" (default auto), "runahead": "auto|on|off"
 (default the engine's), "prefill_wave": n (default the engine's), "layer_range_archs": [...] (stands in
-for the archs patch 0003 covers: a test of what runs where an arch is not among them)}
+for the archs patch 0003 covers: a test of what runs where an arch is not among them), "trace": true
+(bevy: at each scheduling step, every request's decoded tokens, which requests prefill there and which decode)}
 """
 
 from __future__ import annotations
@@ -42,8 +43,13 @@ def main() -> int:
         runner = engine.make_runner(parallel)
         cancel = {step: i for i, step in spec.get("cancel", [])}
         cancelled_at: dict[int, list] = {}
-        if cancel:
+        trace: list[dict] = []
+        if cancel or spec.get("trace"):
             def on_step(step: int, flights: list) -> None:
+                if spec.get("trace"):
+                    trace.append({"decoded": [r.n_decoded for r in requests],
+                                  "prefilling": sorted({f.index for f in flights if f.prefill}),
+                                  "decoding": sorted({f.index for f in flights if not f.prefill})})
                 if step in cancel and cancel[step] not in cancelled_at:
                     i = cancel[step]
                     f = next((f for f in flights if f.index == i), None)
@@ -60,7 +66,7 @@ def main() -> int:
             "micro_batch": runner.micro_batch, "decode_tokens": stats.decode_tokens,
             "counters": engine.counters(), "link": engine.cache.link_name,
             "cancelled_at": cancelled_at, "runahead": getattr(runner, "runahead_stats", None),
-            "scheduler": engine.scheduler.name, "scheduler_note": engine.scheduler_note,
+            "scheduler": engine.scheduler.name, "scheduler_note": engine.scheduler_note, "trace": trace,
         }))
     return 0
 

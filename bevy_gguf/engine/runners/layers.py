@@ -308,6 +308,9 @@ class _Lane:
         self._loop_s = self._calls_s = self._waits_s = 0.0  # where the step loop's time went
         self._wave_end: dict[int, int] = {}  # per request (by index) prefilling: where its current wave ends
         self._spawned: list[Flight] = []  # flights a call's end made (a prompt's next wave)
+        # the lane's step clock: the progress (plan.Flight.progress) of its most lagging decode token,
+        # which a prompt's wave takes when it starts (see _wave)
+        self._clock = 0
 
     def time_split(self) -> dict[str, float]:
         """The step loop's seconds: in layer-range calls (from the compute gate's entry to the
@@ -346,6 +349,7 @@ class _Lane:
                 if not source.idle_wait():
                     break
                 continue
+            self._tick(flights)
             if runner.on_step:
                 runner.on_step(step, flights)
             flights = self._drop_cancelled(ctx, requests, flights, free)
@@ -378,12 +382,21 @@ class _Lane:
             if self.t_decode0 is None and not any(f.prefill for f in flights):
                 self.t_decode0 = time.perf_counter()
             self._run_group(ctx, requests, flights, p.group, t0, stats)
-            flights += self._spawned  # the next wave of a prompt whose wave ended
+            self._tick(flights)  # the decode tokens that rode with a wave that ended are a step on
+            for f in self._spawned:  # the next wave of a prompt whose wave ended, at the step clock
+                f.progress = self._clock
+            flights += self._spawned
             self._spawned = []
             flights = self._retire(ctx, requests, flights, free)
             self._calls_s += self._call_s
             self._loop_s += time.perf_counter() - t_pass
         self.t_end = time.perf_counter()
+
+    def _tick(self, flights: list[Flight]) -> None:
+        """Move the step clock to the most lagging decode token (it never goes back)."""
+        decoding = [f.progress for f in flights if not f.prefill]
+        if decoding:
+            self._clock = max(self._clock, min(decoding))
 
     def _count_wait(self, t_pass: float, t_wait: float) -> None:
         """A pass that ended in a wait for loads (from t_wait): its time, the wait's apart."""
@@ -563,10 +576,18 @@ class _Lane:
     def _wave(self, index: int, req: Request, pos0: int) -> list[Flight]:
         """The prompt's chunks from pos0 that prefill together (up to prefill_wave), layer-major:
         each computes a layer after the chunk before it (plan.py), so through a small cache the
-        wave loads a layer's experts once instead of once per chunk."""
+        wave loads a layer's experts once instead of once per chunk.
+
+        The wave takes the lane's step clock as its progress: it is as far behind as the most
+        lagging decode token, so the decode tokens of that step ride with it layer by layer (one
+        call where they fit, as llama-server batches decode tokens with a prompt chunk) and the
+        next step's wait for it. So a prompt holds decode by one wave per token, not by the whole
+        prompt (a prompt counted from 0 would lead every running request to its end), and the
+        lagging-first order stays a step order among requests of any age."""
         end = min(len(req.prompt_tokens), pos0 + self.runner.prefill_wave * self.chunk)
         self._wave_end[index] = end
-        return [Flight(index, req.seq, req.prompt_tokens[p: min(p + self.chunk, end)], p, chunk=k)
+        return [Flight(index, req.seq, req.prompt_tokens[p: min(p + self.chunk, end)], p,
+                       progress=self._clock, chunk=k)
                 for k, p in enumerate(range(pos0, end, self.chunk))]
 
     def _finish_block(self, ctx: Context, requests: dict[int, Request], f: Flight, out_row: int, t0: float,
@@ -591,7 +612,8 @@ class _Lane:
         if f.prefill:
             req.ttft_s = time.perf_counter() - t0
         if not req.finished:
-            f.pos0, f.tokens, f.prefill, f.progress = req.n_past, [req.next_input()], False, req.n_decoded + 1
+            # the next token is a step on (the step clock's unit: one token of every running request)
+            f.pos0, f.tokens, f.prefill, f.progress = req.n_past, [req.next_input()], False, f.progress + 1
             f.chunk = 0
 
     def _retire(self, ctx: Context, requests: dict[int, Request], flights: list[Flight],
