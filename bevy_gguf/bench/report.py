@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bevy_gguf._native import libbevy as native
-from bevy_gguf.bench.targets import measured_ratios, verdict
+from bevy_gguf.bench.targets import BALANCED, balance, is_balanced, measured_ratios, verdict
 from bevy_gguf.workload.serving import DECODE_TOKENS, PROMPT_TOKENS, serve_range
 
 TARGETS = "docs/benchmark.md"
@@ -88,6 +88,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
         lines.append(f"| {b['cache']:.0f}% | {link}{_fmt(b['tok_per_s'])} | {_fmt(b['belady_misses'], 'd')} | "
                      f"{_fmt(b['compute_s'], '.2f')} | {_fmt(b['link_s'], '.2f')} | "
                      f"{_fmt(b.get('online_misses'), 'd')} | {_fmt(b.get('online_tok_per_s'))} |")
+    lines += _balance_lines(report, sweep)
     notes = sorted({b["note"] for b in report["bound"] if b.get("note")})
     lines += [""] + [f"{n[0].upper()}{n[1:]}." for n in notes] if notes else []
     fits = [r for r in report["runs"] if r.get("cost_model")]
@@ -124,7 +125,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
                   "|---|---|" + ("---|" if sweep else "") + "---|---|---|---|"]
         for r in ratios:
             spread = f"{r.low:.2f}–{r.high:.2f}" if r.low is not None else "-"
-            target = f"≥ {r.target:g}" if r.target is not None else "-"
+            target = f"{'≤' if r.at_most else '≥'} {r.target:g}" if r.target is not None else "-"
             link = f"{_link_cell(r.link)} | " if sweep else ""
             lines.append(f"| {r.name} | {r.cache:.0f}% | {link}{r.value:.2f} | {spread} | {target} | {verdict(r)} |")
     tok_s = ("decode outputs inside the steady-state window / its length (the joiners' prefill runs inside it, "
@@ -299,3 +300,20 @@ def _working_set_lines(p: dict[str, Any]) -> list[str]:
             "| decode tokens | distinct experts | share | spans |", "|---|---|---|---|"] + [
         f"| {w['decode_tokens']} | {w['distinct_experts']:.0f} | {100 * w['share']:.1f}% | {w['spans']} |"
         for w in curve]
+
+
+def _balance_lines(report: dict[str, Any], sweep: bool) -> list[str]:
+    """Per point, blocking's link busy over its compute busy: where it is near 1 overlap can give
+    up to 2x, so that is where runahead must win (bench/targets.py BALANCED)."""
+    points = [(r["cache"], r.get("link_point"), balance(r)) for r in report["runs"] if r["system"] == "blocking"]
+    points = [p for p in points if p[2] is not None]
+    if not points:
+        return []
+    low, high = BALANCED
+    return ["", f"Where runahead should win: blocking's link busy / compute busy per point ({low:g}-{high:g} is "
+            "balanced, where overlapping them can give up to 2x and the balanced targets apply):", "",
+            "| cache | " + ("link | " if sweep else "") + "link / compute | region |",
+            "|---|" + ("---|" if sweep else "") + "---|---|"] + [
+        f"| {cache:.0f}% | " + (f"{_link_cell(link)} | " if sweep else "") + f"{value:.2f} | "
+        + ("balanced" if is_balanced(value) else "link-bound" if value > high else "compute-bound") + " |"
+        for cache, link, value in points]

@@ -21,6 +21,13 @@ RATIO_TARGETS = {  # (ratio, cache %) -> target, over the never-slower floor
     ("bevy / stock-resident", 100.0): 0.95,
 }
 BOUND_TARGET = 0.85  # bevy / bound at every cache point
+# where blocking's link busy is within this range of its compute busy (the balanced region, where
+# overlap can give up to 2x), runahead must pay: these targets there
+BALANCED = (0.7, 1.4)
+BALANCED_TARGETS = {"bevy / blocking": 1.4, "bevy / prefetch": 1.3}
+# bevy's cost beside blocking's at every point: at most these (lower is better)
+COST_TARGETS = {"compute_busy_s": ("bevy compute busy / blocking's", 1.15),
+                "bytes_loaded": ("bevy bytes loaded / blocking's", 1.0)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +39,13 @@ class Ratio:
     high: float | None = None
     target: float | None = None
     link: str | None = None     # the --link of the point (a link sweep has several)
+    at_most: bool = False       # the target is a ceiling (a cost), not a floor
 
     @property
     def met(self) -> bool | None:
-        return None if self.target is None else self.value >= self.target
+        if self.target is None:
+            return None
+        return self.value <= self.target if self.at_most else self.value >= self.target
 
     @property
     def within_noise(self) -> bool:
@@ -44,12 +54,26 @@ class Ratio:
 
     def as_json(self) -> dict[str, Any]:
         return {"ratio": self.name, "cache": self.cache, "link": self.link, "value": self.value, "low": self.low,
-                "high": self.high, "target": self.target, "met": self.met}
+                "high": self.high, "target": self.target, "at_most": self.at_most, "met": self.met}
 
 
-def target_of(name: str, cache: float) -> float | None:
-    """The target of a ratio at a cache point (percent; 89.99999 is the 90% point)."""
+def balance(blocking: dict[str, Any] | None) -> float | None:
+    """blocking's link busy over its compute busy at a point (None: not measured)."""
+    if not blocking or not blocking.get("compute_busy_s") or blocking.get("link_busy_s") is None:
+        return None
+    return blocking["link_busy_s"] / blocking["compute_busy_s"]
+
+
+def is_balanced(value: float | None) -> bool:
+    return value is not None and BALANCED[0] <= value <= BALANCED[1]
+
+
+def target_of(name: str, cache: float, balanced: bool = False) -> float | None:
+    """The target of a ratio at a cache point (percent; 89.99999 is the 90% point), the higher
+    one where blocking's link and compute balance."""
     key = (name, float(round(cache)))
+    if balanced and name in BALANCED_TARGETS:
+        return max(BALANCED_TARGETS[name], RATIO_TARGETS.get(key, 0.0))
     if key in RATIO_TARGETS:
         return RATIO_TARGETS[key]
     if name == "bevy / bound":
@@ -78,6 +102,7 @@ def measured_ratios(report: dict[str, Any]) -> list[Ratio]:
     points = list(dict.fromkeys((c, link) for s, c, link in rows if s == "bevy"))
     for cache, link in sorted(points, key=lambda p: p[0]):
         bevy = rows[("bevy", cache, link)]
+        balanced = is_balanced(balance(rows.get(("blocking", cache, link))))
         others = [(o, cache, link) for o in NEVER_SLOWER if o != "stock-offload"]
         if not (link or "").startswith("throttle"):
             others.append(("stock-offload", cache, None))
@@ -89,7 +114,8 @@ def measured_ratios(report: dict[str, Any]) -> list[Ratio]:
             name = f"bevy / {key[0]}"
             low, high = _paired(bevy.get("repeats", []), rows[key].get("repeats", []), repeats)
             out.append(Ratio(name, cache, bevy["tok_per_s"] / rows[key]["tok_per_s"], low, high,
-                             target_of(name, cache), link))
+                             target_of(name, cache, balanced), link))
+        out += _cost_ratios(bevy, rows.get(("blocking", cache, link)), cache, link)
         b = bounds.get((cache, link), {})
         for name, limit in (("bevy / bound", b.get("tok_per_s")), ("bevy / online bound", b.get("online_tok_per_s"))):
             if limit:  # the online bound is a reference: no target
@@ -97,6 +123,17 @@ def measured_ratios(report: dict[str, Any]) -> list[Ratio]:
                 low, high = _paired(runs, [limit] * len(runs), repeats)
                 out.append(Ratio(name, cache, bevy["tok_per_s"] / limit, low, high, target_of(name, cache), link))
     return out + _variant_ratios(rows, repeats)
+
+
+def _cost_ratios(bevy: dict[str, Any], blocking: dict[str, Any] | None, cache: float, link: str | None) -> list[Ratio]:
+    """bevy's compute busy and bytes loaded over blocking's at a point (medians; no per-repeat
+    range: the rows keep only each repeat's tok/s), each against its ceiling."""
+    out = []
+    for key, (name, ceiling) in COST_TARGETS.items():
+        mine, theirs = bevy.get(key), (blocking or {}).get(key)
+        if mine is not None and theirs:
+            out.append(Ratio(name, cache, mine / theirs, target=ceiling, link=link, at_most=True))
+    return out
 
 
 def _variant_ratios(rows: dict[tuple[str, float, str | None], dict[str, Any]], repeats: int) -> list[Ratio]:

@@ -1,0 +1,45 @@
+"""The targets a bench run's ratios are judged against (bench/targets.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bevy_gguf.bench.report import _balance_lines
+from bevy_gguf.bench.targets import measured_ratios
+
+
+def _row(system: str, cache: float, tok_per_s: float, compute_s: float, link_s: float, nbytes: float) -> dict:
+    return {"system": system, "cache": cache, "link_point": "file", "tok_per_s": tok_per_s,
+            "repeats": [tok_per_s, tok_per_s], "compute_busy_s": compute_s, "link_busy_s": link_s,
+            "bytes_loaded": nbytes}
+
+
+def _ratios(blocking_link_s: float, bevy_compute_s: float, bevy_bytes: float) -> dict:
+    runs = [_row("blocking", 50.0, 100.0, 2.0, blocking_link_s, 1e9),
+            _row("prefetch", 50.0, 100.0, 2.0, blocking_link_s, 1e9),
+            _row("bevy", 50.0, 130.0, bevy_compute_s, 1.0, bevy_bytes)]
+    return {r.name: r for r in measured_ratios({"protocol": {"repeats": 2}, "runs": runs, "bound": []})}
+
+
+def test_where_blockings_link_and_compute_balance_runahead_must_pay() -> None:
+    balanced = _ratios(blocking_link_s=2.4, bevy_compute_s=2.0, bevy_bytes=1e9)  # link / compute 1.2
+    assert balanced["bevy / blocking"].target == 1.4 and balanced["bevy / blocking"].met is False
+    assert balanced["bevy / prefetch"].target == 1.3 and balanced["bevy / prefetch"].met is True
+    compute_bound = _ratios(blocking_link_s=0.4, bevy_compute_s=2.0, bevy_bytes=1e9)  # 0.2: never slower only
+    assert compute_bound["bevy / blocking"].target == 1.0 and compute_bound["bevy / blocking"].met is True
+
+
+def test_bevys_compute_and_bytes_beside_blockings_have_ceilings() -> None:
+    r = _ratios(blocking_link_s=1.0, bevy_compute_s=2.4, bevy_bytes=0.9e9)
+    compute, nbytes = r["bevy compute busy / blocking's"], r["bevy bytes loaded / blocking's"]
+    assert compute.value == pytest.approx(1.2) and compute.target == 1.15 and compute.met is False
+    assert nbytes.value == pytest.approx(0.9) and nbytes.target == 1.0 and nbytes.met is True
+    assert compute.as_json()["at_most"] is True
+
+
+def test_the_report_says_which_points_are_balanced() -> None:
+    runs = [_row("blocking", 25.0, 50.0, 2.0, 5.0, 1e9) | {"pct_of_bound": None},
+            _row("blocking", 50.0, 100.0, 2.0, 2.2, 1e9) | {"pct_of_bound": None}]
+    lines = _balance_lines({"runs": runs}, sweep=False)
+    assert "Where runahead should win" in lines[1]
+    assert lines[-2:] == ["| 25% | 2.50 | link-bound |", "| 50% | 1.10 | balanced |"]
