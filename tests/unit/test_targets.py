@@ -11,7 +11,7 @@ from bevy_gguf.bench.targets import measured_ratios
 def _row(system: str, cache: float, tok_per_s: float, compute_s: float, link_s: float, nbytes: float) -> dict:
     return {"system": system, "cache": cache, "link_point": "file", "tok_per_s": tok_per_s,
             "repeats": [tok_per_s, tok_per_s], "compute_busy_s": compute_s, "link_busy_s": link_s,
-            "bytes_loaded": nbytes}
+            "bytes_loaded": nbytes, "tpot_p99_ms": 100.0 if system == "bevy" else 80.0, "ttft_ms": 50.0}
 
 
 def _ratios(blocking_link_s: float, bevy_compute_s: float, bevy_bytes: float) -> dict:
@@ -35,6 +35,9 @@ def test_bevys_compute_and_bytes_beside_blockings_have_ceilings() -> None:
     assert compute.value == pytest.approx(1.2) and compute.target == 1.15 and compute.met is False
     assert nbytes.value == pytest.approx(0.9) and nbytes.target == 1.0 and nbytes.met is True
     assert compute.as_json()["at_most"] is True
+    tpot, ttft = r["bevy TPOT p99 / blocking's"], r["bevy TTFT p50 / blocking's"]
+    assert tpot.value == pytest.approx(1.25) and tpot.target == 1.1 and tpot.met is False
+    assert ttft.value == pytest.approx(1.0) and ttft.met is True
 
 
 def test_the_report_says_which_points_are_balanced() -> None:
