@@ -62,7 +62,13 @@ def test_bound_and_protocol(bench: tuple[dict, Path]) -> None:
         assert b["online_policy"] == "next-use" and b["online_misses"] >= b["belady_misses"]
         assert b["online_tok_per_s"] <= b["tok_per_s"]
     assert 0 < p["touched_experts"] <= p["n_experts"] == 4 * 16
+    assert {r["ratio"] for r in doc["ratios"] if r["at_most"]} == {
+        "bevy compute busy / blocking's", "bevy bytes loaded / blocking's", "bevy TPOT p99 / blocking's",
+        "bevy TTFT p50 / blocking's"}
     for r in doc["ratios"]:
+        if r["at_most"]:  # a ceiling on a cost (medians only)
+            assert r["target"] > 0 and r["met"] == (r["value"] <= r["target"])
+            continue
         assert r["low"] <= r["value"] <= r["high"]
         if r["ratio"] in ("bevy / online bound", f"{VARIANT} / bevy"):  # a reference, an A/B: no target
             assert r["target"] is None and r["met"] is None
