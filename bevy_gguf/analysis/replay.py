@@ -39,6 +39,15 @@ def replay_policy(policy: str, visits: list[Visit], n_layer: int, n_expert: int,
     return int(hits)
 
 
+def fit_visits(visits: list[Visit], n_slots: int) -> list[Visit]:
+    """Visits that need more experts than the cache holds split into visits of at most n_slots
+    (what the live cache does: a call's tokens are micro-batched so their experts fit)."""
+    out: list[Visit] = []
+    for il, es in visits:
+        out += [(il, list(es[i:i + n_slots])) for i in range(0, len(es), max(1, n_slots))] if es else [(il, es)]
+    return out
+
+
 def belady_hits(visits: list[Visit], n_slots: int, count_from: int = 0) -> int:
     """Hits of Belady's optimal eviction (a visit's own experts are never evicted during it),
     counted from visit `count_from` on (earlier visits only warm the cache)."""

@@ -211,10 +211,15 @@ def class_misses(order: dict[str, Any], layout: CacheLayout, budget_bytes: int,
                  count: Callable[[dict[str, Any], int], int]) -> tuple[int, int]:
     """(decode misses, their bytes) of the recorded order through a cache of budget_bytes in slot
     classes, as the live cache splits it: each class replayed on its own layers' visits with its
-    own slots (count(order, n_slots): a policy's misses); one class: the order through every slot."""
+    own slots (count(order, n_slots): a policy's misses); one class: the order through every slot.
+    A visit wider than its class's slots (a long prompt's layer through a small cache) is split
+    as the live cache micro-batches it."""
+    from bevy_gguf.analysis.replay import fit_visits
+
     misses = nbytes = 0
     for c, (sc, n_slots) in enumerate(zip(layout.classes, layout.class_slots(budget_bytes))):
-        sub = {k: [v for v in order[k] if layout.layer_class[v[0]] == c] for k in ("prefill", "decode")}
+        sub = {k: fit_visits([v for v in order[k] if layout.layer_class[v[0]] == c], n_slots)
+               for k in ("prefill", "decode")}
         m = count(sub, n_slots)
         misses, nbytes = misses + m, nbytes + m * sc.bytes
     return misses, nbytes

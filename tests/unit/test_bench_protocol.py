@@ -81,3 +81,11 @@ def test_the_bound_replays_each_slot_class_on_its_own_layers() -> None:
     m0, m1 = (belady_misses({"prefill": [], "decode": [(il, [0, 1]) for _ in range(2) for il in ls]}, 2)
               for ls in ((0, 1), (2, 3)))
     assert (misses, nbytes) == (m0 + m1, m0 * 344 + m1 * 410)
+
+
+def test_a_visit_wider_than_the_cache_is_split_as_a_micro_batched_call_would_be() -> None:
+    from bevy_gguf.analysis.replay import belady_hits, fit_visits
+
+    visits = [(0, [1, 2, 3, 4, 5]), (1, [])]
+    assert fit_visits(visits, 2) == [(0, [1, 2]), (0, [3, 4]), (0, [5]), (1, [])]
+    assert belady_hits(fit_visits(visits, 2), 2) == 0  # replayable where the whole visit is not

@@ -19,3 +19,4 @@ def test_spans_count_the_distinct_experts_of_their_calls() -> None:
 def test_the_same_expert_at_two_layers_counts_twice_and_no_decode_gives_no_curve() -> None:
     assert working_set([(1, [(0, [3]), (1, [3])])], n_experts=4)[0]["distinct_experts"] == 2
     assert working_set([(0, [(0, [3])])], n_experts=4) == []
+
