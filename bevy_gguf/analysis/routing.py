@@ -51,8 +51,7 @@ def per_request(trace: RouterTrace, calls: list[BatchCall], n_requests: int, dec
     logits (llama.cpp drops the others before it), so its prefill blocks are shorter.
     """
     every = [(i, not call.prefill) for call in calls for i in call.rows]
-    outputs = [(i, not call.prefill) for call in calls for n, i in enumerate(call.rows)
-               if not call.prefill or n == len(call.rows) - 1 or call.rows[n + 1] != i]
+    outputs = [(call.rows[n], not call.prefill) for call in calls for n in call.output_rows()]
     layers = []
     for il in range(trace.n_layer):
         ids = trace.layer(il)

@@ -41,8 +41,7 @@ def trace_workload(model_path: Path, n_requests: int, prompt_tokens: int, steps:
             stats = BatchedRunner(model, n_requests, n_threads, on_context=trace.install).run(requests)
             sel = per_request(trace, stats.calls, len(requests))
             n_prefill = sum(len(c.rows) for c in stats.calls if c.prefill)
-            n_prefill_out = sum(1 for c in stats.calls if c.prefill for n, i in enumerate(c.rows)
-                                if n == len(c.rows) - 1 or c.rows[n + 1] != i)
+            n_prefill_out = sum(len(c.output_rows()) for c in stats.calls if c.prefill)
             prefill = []
             for il in info.moe_layers:
                 rows = trace.layer(il)

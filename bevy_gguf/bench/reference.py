@@ -74,7 +74,7 @@ def serve_order(spec: dict[str, Any]) -> dict[str, Any]:
     window = steady_window([r.times[-1] for r in requests if r.times], spec["parallel"], spec["warmup"])
     warm: list[Visit] = []
     inside: list[tuple[int, list[Visit]]] = []
-    for call, end, visits in zip(stats.calls, runner.call_ends, _call_visits(stats.calls, layers, info.n_layer)):
+    for call, end, visits in zip(stats.calls, runner.call_ends, _call_visits(stats.calls, layers)):
         if end <= window.start:
             warm += visits
         elif window.holds(end):
@@ -83,10 +83,10 @@ def serve_order(spec: dict[str, Any]) -> dict[str, Any]:
             "working_set": working_set(inside, len(info.moe_layers) * info.n_expert)}
 
 
-def _call_visits(calls: list[BatchCall], layers: dict[int, np.ndarray], n_layer: int) -> list[list[Visit]]:
+def _call_visits(calls: list[BatchCall], layers: dict[int, np.ndarray]) -> list[list[Visit]]:
     """Each call's visits: per MoE layer, the distinct experts of its rows (at the last layer only
-    the rows that output reach the experts: llama.cpp drops the others before that layer's FFN)."""
-    outputs = [sum(1 for n, i in enumerate(c.rows) if n == len(c.rows) - 1 or c.rows[n + 1] != i) for c in calls]
+    the rows that output reach the experts, BatchCall.output_rows)."""
+    outputs = [len(c.output_rows()) for c in calls]
     rows = [len(c.rows) for c in calls]
     out: list[list[Visit]] = [[] for _ in calls]
     for il, sel in layers.items():

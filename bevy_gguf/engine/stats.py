@@ -12,6 +12,12 @@ class BatchCall:
     prefill: bool
     rows: list[int]  # index into the request list, per batch row
 
+    def output_rows(self) -> list[int]:
+        """The rows that output logits: each request's last (llama.cpp's last layer computes only
+        these: it drops the others before that layer's FFN)."""
+        rows = self.rows
+        return [n for n, i in enumerate(rows) if n == len(rows) - 1 or rows[n + 1] != i]
+
 
 @dataclass(slots=True)
 class RunStats:

@@ -307,7 +307,9 @@ class _Lane:
         self.two_pass_calls = 0  # calls that ran two passes (the others ran one)
         self._loop_s = self._calls_s = self._waits_s = 0.0  # where the step loop's time went
         self._wave_end: dict[int, int] = {}  # per request (by index) prefilling: where its current wave ends
-        self._spawned: list[Flight] = []  # flights a call's end made (a prompt's next wave)
+        # (request index, request, first position) of the waves a call's end made due: a prompt's next
+        # wave, made after the call, at the step clock
+        self._due_waves: list[tuple[int, Request, int]] = []
         # the lane's step clock: the progress (plan.Flight.progress) of its most lagging decode token,
         # which a prompt's wave takes when it starts (see _wave)
         self._clock = 0
@@ -383,10 +385,9 @@ class _Lane:
                 self.t_decode0 = time.perf_counter()
             self._run_group(ctx, requests, flights, p.group, t0, stats)
             self._tick(flights)  # the decode tokens that rode with a wave that ended are a step on
-            for f in self._spawned:  # the next wave of a prompt whose wave ended, at the step clock
-                f.progress = self._clock
-            flights += self._spawned
-            self._spawned = []
+            for index, req, pos0 in self._due_waves:
+                flights += self._wave(index, req, pos0)
+            self._due_waves = []
             flights = self._retire(ctx, requests, flights, free)
             self._calls_s += self._call_s
             self._loop_s += time.perf_counter() - t_pass
@@ -602,7 +603,7 @@ class _Lane:
             if end < len(req.prompt_tokens):  # more prompt chunks
                 f.done = True
                 if end == self._wave_end[f.index]:
-                    self._spawned += self._wave(f.index, req, end)
+                    self._due_waves.append((f.index, req, end))
                 return
             self._wave_end.pop(f.index, None)
         else:
