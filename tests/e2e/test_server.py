@@ -351,8 +351,8 @@ def test_brackets_inside_strings_are_not_nesting(server: Server) -> None:
 
 
 @pytest.mark.parametrize("link,failure", [
-    ("fault:error-every=600:ram", "I/O error (injected"),
-    ("fault:short-every=600:ram", "short read"),
+    ("fault:error-every=400:ram", "I/O error (injected"),
+    ("fault:short-every=400:ram", "short read"),
 ])
 def test_failed_loads_fail_their_requests_only(model: Path, reference: dict[str, str], link: str,
                                                failure: str) -> None:
