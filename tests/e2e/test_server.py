@@ -365,15 +365,21 @@ def test_failed_loads_fail_their_requests_only(model: Path, reference: dict[str,
             return httpx.post(s.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0},
                               timeout=60)
 
+        # how many loads a round of prompts makes depends on the schedule (the cache's timing), so
+        # rounds go on until one failed and one answered (each round checks every answer)
+        statuses: set[int] = set()
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            answers = list(pool.map(one, PROMPTS))
-        failed = [a for a in answers if a.status_code != 200]
-        assert failed and len(failed) < len(answers)
-        for a in failed:
-            assert a.status_code == 500 and failure in a.json()["error"]["message"], a.text
-        for prompt, a in zip(PROMPTS, answers):
-            if a.status_code == 200:
-                assert a.json()["choices"][0]["text"].startswith(reference[prompt]), prompt
+            for _ in range(4):
+                answers = list(pool.map(one, PROMPTS))
+                for prompt, a in zip(PROMPTS, answers):
+                    statuses.add(a.status_code)
+                    if a.status_code == 200:
+                        assert a.json()["choices"][0]["text"].startswith(reference[prompt]), prompt
+                    else:
+                        assert a.status_code == 500 and failure in a.json()["error"]["message"], a.text
+                if statuses == {200, 500}:
+                    break
+        assert statuses == {200, 500}, statuses
         stream = httpx.post(s.url + "/v1/completions", timeout=60, json={
             "prompt": PROMPTS[0], "max_tokens": 40, "temperature": 0, "stream": True})
         if stream.status_code == 200:  # an SSE stream to its end, with an error event if a load failed in it
@@ -398,13 +404,17 @@ def test_a_stalled_link_fails_the_waiting_requests_at_the_wait_timeout(model: Pa
                            timeout=60)
             return r.status_code, r.text
 
+        codes: set[int] = set()
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            answers = list(pool.map(one, PROMPTS[:8]))
-        codes = [code for code, _ in answers]
-        assert 500 in codes and 200 in codes, codes
-        for code, text in answers:  # the hook's wait in a call, or the scheduler's with nothing to run
-            if code == 500:
-                assert "timed out after 1000 ms" in text or "timed out after 1 s" in text, text
+            for _ in range(4):  # rounds until a stall came (its load count depends on the schedule)
+                for code, text in pool.map(one, PROMPTS[:8]):
+                    codes.add(code)
+                    if code != 200:  # the hook's wait in a call, or the scheduler's with nothing to run
+                        assert code == 500, text
+                        assert "timed out after 1000 ms" in text or "timed out after 1 s" in text, text
+                if codes == {200, 500}:
+                    break
+        assert codes == {200, 500}, codes
         assert httpx.get(s.url + "/health", timeout=5).status_code == 200
     finally:
         s.stop()
