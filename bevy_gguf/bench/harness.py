@@ -149,6 +149,7 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
         "tpot_p50_ms": _percentile(tpot, 50), "tpot_p99_ms": _percentile(tpot, 99),
         "ttft_ms": _median([statistics.median(r["ttft_ms"]) for r in ok if r["ttft_ms"]]),
         "ttft_p99_ms": _percentile([t for r in ok for t in r["ttft_ms"]], 99),
+        "ttft_by_request": [r.get("ttft_by_request") or {} for r in ok],  # per repeat: request index -> ms
         "window_s": _median([r["window"]["seconds"] for r in ok if r.get("window")]),
         "decode_tokens": _median([r["decode_tokens"] for r in ok if r.get("decode_tokens") is not None]),
         "hit_rate": _median([hit_rate(c) for c in counters]) if counters else None,

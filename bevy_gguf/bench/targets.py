@@ -7,6 +7,7 @@ straddles its target is visibly within this machine's run-to-run noise.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +121,7 @@ def measured_ratios(report: dict[str, Any]) -> list[Ratio]:
             out.append(Ratio(name, cache, bevy["tok_per_s"] / rows[key]["tok_per_s"], low, high,
                              target_of(name, cache, balanced), link))
         out += _cost_ratios(bevy, rows.get(("blocking", cache, link)), cache, link)
+        out += _ttft_by_request(bevy, rows.get(("blocking", cache, link)), cache, link)
         b = bounds.get((cache, link), {})
         for name, limit in (("bevy / bound", b.get("tok_per_s")), ("bevy / online bound", b.get("online_tok_per_s"))):
             if limit:  # the online bound is a reference: no target
@@ -139,6 +141,24 @@ def _cost_ratios(bevy: dict[str, Any], blocking: dict[str, Any] | None, cache: f
         if mine is not None and theirs:
             out.append(Ratio(name, cache, mine / theirs, target=ceiling, link=link, at_most=True))
     return out
+
+
+def _ttft_by_request(bevy: dict[str, Any], blocking: dict[str, Any] | None, cache: float, link: str | None
+                     ) -> list[Ratio]:
+    """bevy's TTFT over blocking's request by request (the same request index is the same text in
+    both): per repeat the median of the paired ratios, then the median and range over repeats. A
+    diagnosis beside the p50 ceiling, no target of its own: a serving window's TTFTs are few and
+    split between short and long prompts, so their p50 can jump between the two groups when one
+    request moves (measured: p50s 1.39x apart while the paired ratios' median was 1.09x)."""
+    medians = []
+    for mine, theirs in zip(bevy.get("ttft_by_request") or [], (blocking or {}).get("ttft_by_request") or []):
+        ratios = [mine[i] / theirs[i] for i in mine.keys() & theirs.keys() if theirs[i] > 0]
+        if ratios:
+            medians.append(statistics.median(ratios))
+    if not medians:
+        return []
+    return [Ratio("bevy TTFT / blocking's, request by request", cache, statistics.median(medians),
+                  min(medians), max(medians), None, link)]
 
 
 def _variant_ratios(rows: dict[tuple[str, float, str | None], dict[str, Any]], repeats: int) -> list[Ratio]:

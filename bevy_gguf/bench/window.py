@@ -62,10 +62,13 @@ def window_outputs(request_times: list[list[float]], window: Window) -> tuple[in
     return tokens, gaps
 
 
-def window_ttft_ms(admitted: list[float | None], first_output: list[float | None], window: Window) -> list[float]:
-    """Time to first token of the requests admitted in the window (admission to first output)."""
-    return [1e3 * (f - a) for a, f in zip(admitted, first_output)
-            if a is not None and f is not None and window.holds(a)]
+def window_ttft_by_request(admitted: list[float | None], first_output: list[float | None], window: Window
+                           ) -> dict[int, float]:
+    """Time to first token (admission to first output) of the requests admitted in the window,
+    by request index: the stream's i-th request is the same text in every system's run, so two
+    systems' TTFTs pair up request by request."""
+    return {i: 1e3 * (f - a) for i, (a, f) in enumerate(zip(admitted, first_output))
+            if a is not None and f is not None and window.holds(a)}
 
 
 class CounterSampler:

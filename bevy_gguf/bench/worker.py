@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bevy_gguf.bench.window import CounterSampler, steady_window, window_outputs, window_ttft_ms
+from bevy_gguf.bench.window import CounterSampler, steady_window, window_outputs, window_ttft_by_request
 from bevy_gguf.config import DEFAULT_RUNAHEAD, EngineConfig
 from bevy_gguf.engine.engine import RUNNER_STATS
 from bevy_gguf.engine.registry import scheduler_names
@@ -77,6 +77,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "system": system, "decode_tokens": s.decode_tokens, "decode_s": s.decode_s, "prefill_s": s.prefill_s,
         "tok_per_s": s.tok_per_s, "tpot_ms": inter_token_ms(result),
         "ttft_ms": [1e3 * r.ttft_s for r in result.requests if r.ttft_s is not None],
+        "ttft_by_request": {str(i): 1e3 * r.ttft_s for i, r in enumerate(result.requests) if r.ttft_s is not None},
         "peak_rss_bytes": peak_rss_bytes(), "errors": [r.error for r in result.requests if r.error],
         "request_times": [r.times for r in result.requests],
     }
@@ -108,9 +109,10 @@ def in_window(result: RunResult, n_parallel: int, warmup: int, sampler: CounterS
         "window": {"start_s": window.start - sampler.times[0], "seconds": window.seconds,
                    "requests": len(requests), "warmup": warmup},
         "decode_tokens": tokens, "decode_s": window.seconds, "tok_per_s": tokens / window.seconds, "tpot_ms": gaps,
-        "ttft_ms": window_ttft_ms([r.admitted_s for r in requests], [r.times[0] if r.times else None
-                                                                     for r in requests], window),
     }
+    ttft = window_ttft_by_request([r.admitted_s for r in requests], [r.times[0] if r.times else None
+                                                                     for r in requests], window)
+    out |= {"ttft_ms": list(ttft.values()), "ttft_by_request": {str(i): ms for i, ms in ttft.items()}}
     if stock:
         return out | {"compute_busy_s": window.seconds}
     counters = {k: round(v) for k, v in sampler.between(window).items()}

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from bevy_gguf.bench.window import CounterSampler, Window, interpolate, steady_window, window_outputs, window_ttft_ms
+from bevy_gguf.bench.window import (
+    CounterSampler,
+    Window,
+    interpolate,
+    steady_window,
+    window_outputs,
+    window_ttft_by_request,
+)
 from bevy_gguf.errors import BevyError
 from bevy_gguf.workload.serving import ServeShape, serve_lengths, serving_requests
 
@@ -64,7 +71,7 @@ def test_window_outputs_count_decode_outputs_inside_it() -> None:
     # the first output of a request is its prompt's; 2.0 is at the start (outside), 6.0 after the end
     assert tokens == 3
     assert sorted(gaps) == [1000.0, 1500.0, 2500.0]
-    assert window_ttft_ms([1.0, 2.4, None], [1.5, 2.5, 3.0], w) == pytest.approx([100.0])
+    assert window_ttft_by_request([1.0, 2.4, None], [1.5, 2.5, 3.0], w) == {1: pytest.approx(100.0)}
 
 
 def test_counters_are_interpolated_at_the_window_ends() -> None:

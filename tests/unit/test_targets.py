@@ -46,3 +46,20 @@ def test_the_report_says_which_points_are_balanced() -> None:
     lines = _balance_lines({"runs": runs}, sweep=False)
     assert "Where runahead should win" in lines[1]
     assert lines[-2:] == ["| 25% | 2.50 | link-bound |", "| 50% | 1.10 | balanced |"]
+
+
+def test_ttft_pairs_up_request_by_request() -> None:
+    """The paired TTFT ratio takes, per repeat, the median of bevy's over blocking's TTFT of the
+    same requests (those both windows hold), then the median and range over the repeats: two
+    requests moving across a bimodal p50 do not move it."""
+    blocking = _row("blocking", 50.0, 100.0, 2.0, 1.0, 1e9) | {"ttft_by_request": [
+        {"8": 100.0, "9": 500.0, "10": 100.0, "11": 400.0}, {"8": 100.0, "9": 500.0, "10": 200.0}]}
+    bevy = _row("bevy", 50.0, 130.0, 2.0, 1.0, 1e9) | {"ttft_by_request": [
+        {"8": 110.0, "9": 550.0, "10": 600.0, "12": 10.0}, {"8": 120.0, "9": 600.0, "10": 240.0}]}
+    report = {"protocol": {"repeats": 2}, "runs": [blocking, bevy], "bound": []}
+    paired = {r.name: r for r in measured_ratios(report)}["bevy TTFT / blocking's, request by request"]
+    assert paired.value == pytest.approx((1.1 + 1.2) / 2)  # repeat 1: 1.1, 1.1, 6.0 (12 unpaired); repeat 2: 1.2
+    assert (paired.low, paired.high) == (pytest.approx(1.1), pytest.approx(1.2))
+    assert paired.target is None
+    without = {"protocol": {"repeats": 2}, "runs": [_row("blocking", 50.0, 100.0, 2.0, 1.0, 1e9), bevy], "bound": []}
+    assert "bevy TTFT / blocking's, request by request" not in {r.name for r in measured_ratios(without)}
