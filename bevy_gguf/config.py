@@ -152,6 +152,8 @@ class EngineConfig:
                                          # on or off, whichever decodes faster, measured as it runs)
     prefill_wave: int = 16               # bevy: prompt chunks that prefill together, layer-major (their layers'
                                          # experts load once for the wave; 1: chunk after chunk)
+    prefill_first: bool = False          # bevy: a prompt's last wave runs before the decode tokens that wait to
+                                         # start a step (blocking's and llama-server's order; off: they ride with it)
     repack: bool = True                  # llama.cpp's weight repacking (-nr/--no-repack: off): stock copies
                                          # repackable weights (Q4_0, Q4_K, ... on AVX2) into memory of its own
     # device options (where the expert cache lives) join here; today it is host memory
@@ -180,6 +182,8 @@ class EngineConfig:
             raise BevyError(f"unknown eviction policy {self.eviction!r}: choose one of {', '.join(EVICTIONS)}")
         if self.two_pass not in TWO_PASS:
             raise BevyError(f"two_pass {self.two_pass!r}: choose one of {', '.join(TWO_PASS)}")
+        if not isinstance(self.prefill_first, bool):
+            raise BevyError(f"prefill_first must be true or false, got {self.prefill_first!r}")
         if self.runahead not in RUNAHEAD:
             raise BevyError(f"runahead {self.runahead!r}: choose one of {', '.join(RUNAHEAD)}")
         if not isinstance(self.split_factor, (int, float)) or self.split_factor < 0:

@@ -22,6 +22,7 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "lanes": ("lanes", int),
     "eviction": ("eviction", str),
     "prefill-wave": ("prefill_wave", int),
+    "prefill-first": ("prefill_first", str),
 }
 
 
@@ -71,6 +72,8 @@ def _check(name: str, key: str, value: Any) -> None:
         raise BevyError(f"{name}: runahead={value}: choose one of {', '.join(RUNAHEAD)}")
     if key == "eviction" and value not in EVICTIONS:
         raise BevyError(f"{name}: eviction={value}: choose one of {', '.join(EVICTIONS)}")
+    if key == "prefill-first" and value not in ("on", "off"):
+        raise BevyError(f"{name}: prefill-first={value}: choose on or off")
     if key == "prefill-wave" and value < 1:
         raise BevyError(f"{name}: prefill-wave must be at least 1, got {value}")
     if key in ("split-factor", "lanes") and value < 0:

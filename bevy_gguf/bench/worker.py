@@ -69,6 +69,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                           split_factor=spec.get("split_factor", 1.0), lanes=spec.get("lanes", 0),
                           two_pass=spec.get("two_pass", "auto"),
                           runahead=spec.get("runahead", DEFAULT_RUNAHEAD), prefill_wave=spec.get("prefill_wave", 16),
+                          prefill_first=spec.get("prefill_first", "off") == "on",
                           repack=spec.get("repack", True))
     result = run_requests(config, make_requests, progress=sample_counters if serve else None,
                           trace_events=0 if stock else spec.get("trace_events", 0))

@@ -85,6 +85,7 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
                   lanes=getattr(args, "lanes", 0), split_factor=getattr(args, "split_factor", 1.0),
                   two_pass=getattr(args, "two_pass", "auto"),
                   runahead=getattr(args, "runahead", DEFAULT_RUNAHEAD), prefill_wave=getattr(args, "prefill_wave", 16),
+                  prefill_first=getattr(args, "prefill_first", False),
                   repack=not getattr(args, "no_repack", False))
     return EngineConfig(**(values | overrides))
 
@@ -265,6 +266,9 @@ def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: b
     p.add_argument("--prefill-wave", type=positive("--prefill-wave"), default=16, metavar="N",
                    help="bevy: prompt chunks that prefill together, layer-major: each layer's experts load once "
                         "for the N chunks instead of once per chunk (1: chunk after chunk)")
+    p.add_argument("--prefill-first", action="store_true",
+                   help="bevy: a joining prompt's last wave runs before the next step's decode tokens (its first "
+                        "token sooner, as blocking and llama-server order them), instead of riding with them")
     p.add_argument("--split-factor", type=float, default=1.0, metavar="X",
                    help="bevy: a group waits for a request whose experts land within X times the group's "
                         "compute, as the cost model measured on this machine predicts (0: run whatever is ready)")
@@ -321,8 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "throttle:2GB/s:ram); give both for every pair")
     be.add_argument("--systems", default="stock-resident,stock-offload,blocking,prefetch,bevy-ctx,bevy",
                     help="comma-separated; a variant NAME:option=value[:...] (options two-pass, runahead, "
-                         "split-factor, lanes, eviction, prefill-wave) runs beside its base system for an in-run A/B, "
-                         "e.g. bevy:two-pass=off")
+                         "split-factor, lanes, eviction, prefill-wave, prefill-first) runs beside its base system "
+                         "for an in-run A/B, e.g. bevy:two-pass=off")
     be.add_argument("--link", default="file")
     be.add_argument("--eviction", choices=EVICTIONS, default="next-use")
     be.add_argument("--repeats", type=positive("--repeats"), default=3)

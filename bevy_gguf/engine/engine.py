@@ -99,7 +99,7 @@ class LLMEngine:
                                          wait_timeout_s=cfg.wait_timeout_s, lanes=cfg.lanes,
                                          split_factor=cfg.split_factor, lane_memo=self._lane_memo,
                                          two_pass=two_pass, pass_memo=self._pass_memo, runahead=cfg.runahead,
-                                         prefill_wave=cfg.prefill_wave)
+                                         prefill_wave=cfg.prefill_wave, prefill_first=cfg.prefill_first)
         elif self.scheduler.runner == "contexts":
             runner = ContextRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash, two_pass=two_pass)
         else:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -65,6 +65,7 @@ class Flight:
     eta: float | None = 0.0          # seconds until its loads land (0: ready; None: nothing loads for it)
     held: bool = False               # a plan already waited for it past its eta: do not wait again
     chunk: int = 0                   # a prompt chunk's place in its wave (the chunk before it goes first)
+    final_wave: bool = False         # a prompt chunk of the wave that ends its prompt (its first token)
     done: bool = False               # a prompt chunk past the last layer whose wave goes on: it leaves
     h: np.ndarray | None = field(default=None, repr=False)  # [tokens, n_embd] entering `layer`
 
@@ -99,6 +100,7 @@ class Plan:
     waiting: tuple[int, ...] = ()   # flights whose experts are not loaded yet
     wait_for: tuple[int, ...] = ()  # the flights a wait with a group ready holds for (their loads land soon)
     wait_s: float | None = None     # how long at most (None: until a load lands)
+    held: tuple[int, ...] = ()      # flights that may not run now (hold_decode, prefill_first): not the lane's
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +117,9 @@ class PolicyParams:
                                # 0004): a flight whose loads are under way may run; its call waits for them
     keep_whole: bool = False   # no runahead (runahead.py): wait for every flight whose loads are under way
                                # (at the group's layer or behind), however long they take
+    prefill_first: bool = False  # a prompt's last wave goes through the layers before the decode tokens
+                                 # waiting to start a step (as llama-server and blocking prefill a joining
+                                 # prompt before the next decode step): its first token does not wait for it
 
 
 Cost = Callable[[list[Flight]], float | None]  # predicted compute seconds of a group of flights (None: unknown)
@@ -124,25 +129,37 @@ def plan(flights: list[Flight], params: PolicyParams, cost: Cost | None = None) 
     """The next group to run (lagging first), or a wait: because nothing is ready, or because
     (with a cost model) the group would leave behind a flight whose loads land sooner than the
     group computes. With two passes a wait becomes a call: see _plan_two_pass."""
-    holding = params.hold_decode and any(f.prefill for f in flights)
+    held = _held(flights, params)
+    out = tuple(sorted(held))
     blocked = _chunk_blocked(flights)
-    eligible = [i for i, f in enumerate(flights) if f.ready and not (holding and not f.prefill) and i not in blocked]
+    eligible = [i for i, f in enumerate(flights) if f.ready and i not in held and i not in blocked]
     waiting = tuple(i for i, f in enumerate(flights) if not f.ready and i not in blocked)
     if params.two_pass:
-        return _plan_two_pass(flights, params, cost, holding, eligible, waiting)
+        return replace(_plan_two_pass(flights, params, cost, held, eligible, waiting), held=out)
     if not eligible:
-        return Plan(None, waiting)
+        return Plan(None, waiting, held=out)
     lead = min(eligible, key=lambda i: flights[i].lag)
     layer = flights[lead].layer
     members = _members(flights, eligible, layer, params)
     group = Group(tuple(members), layer)
     limit = _wait_limit(flights, members, params, cost)
     if limit is not None:
-        soon = tuple(i for i in waiting if _worth_waiting(flights[i], flights[lead], layer, holding)
+        soon = tuple(i for i in waiting if _worth_waiting(flights[i], flights[lead], layer, i in held)
                      and flights[i].eta <= limit)
         if soon:
-            return Plan(None, waiting, wait_for=soon, wait_s=max(flights[i].eta for i in soon))
-    return Plan(group, waiting)
+            return Plan(None, waiting, wait_for=soon, wait_s=max(flights[i].eta for i in soon), held=out)
+    return Plan(group, waiting, held=out)
+
+
+def _held(flights: list[Flight], params: PolicyParams) -> set[int]:
+    """Flights that may not run now: with hold_decode every decode token while a prompt prefills;
+    with prefill_first the decode tokens about to start a step while a prompt's last wave is in
+    flight (a wave before it rides with them: a long prompt holds decode one wave at a time)."""
+    if params.hold_decode and any(f.prefill for f in flights):
+        return {i for i, f in enumerate(flights) if not f.prefill}
+    if params.prefill_first and any(f.prefill and f.final_wave for f in flights):
+        return {i for i, f in enumerate(flights) if not f.prefill and f.layer == FIRST}
+    return set()
 
 
 def _chunk_blocked(flights: list[Flight]) -> set[int]:
@@ -167,7 +184,7 @@ def _wait_limit(flights: list[Flight], members: list[int], params: PolicyParams,
     return None if predicted is None else params.split_factor * predicted
 
 
-def _plan_two_pass(flights: list[Flight], params: PolicyParams, cost: Cost | None, holding: bool,
+def _plan_two_pass(flights: list[Flight], params: PolicyParams, cost: Cost | None, held: set[int],
                    eligible: list[int], waiting: tuple[int, ...]) -> Plan:
     """With two passes a flight whose loads are under way can run: its call computes the experts
     that are in while the others land, and waits in the hook only for what is left. So where the
@@ -177,8 +194,7 @@ def _plan_two_pass(flights: list[Flight], params: PolicyParams, cost: Cost | Non
     with the flights at its layer whose loads land within what they compute meanwhile. Otherwise
     the lane waits for a load (a call waiting long in the hook would hold back a flight that
     becomes ready sooner, and the next experts it would reveal to the link)."""
-    loading = [i for i in waiting if flights[i].eta is not None and flights[i].layer != FIRST
-               and not (holding and not flights[i].prefill)]
+    loading = [i for i in waiting if flights[i].eta is not None and flights[i].layer != FIRST and i not in held]
     if not eligible:
         # nothing ready: the most lagging flight runs if its loads land within what its group
         # computes meanwhile (a call waiting longer in the hook would keep the lane from running
@@ -199,7 +215,7 @@ def _plan_two_pass(flights: list[Flight], params: PolicyParams, cost: Cost | Non
     members = _members(flights, eligible, layer, params)
     limit = _wait_limit(flights, members, params, cost)
     if limit is not None:
-        soon = [i for i in waiting if _worth_waiting(flights[i], flights[lead], layer, holding)
+        soon = [i for i in waiting if _worth_waiting(flights[i], flights[lead], layer, i in held)
                 and flights[i].eta <= limit]
         if soon:  # the flights a one-pass plan would wait for run now: beside the group, or first
             candidates = eligible + soon
@@ -225,9 +241,9 @@ def _members(flights: list[Flight], candidates: list[int], layer: int, params: P
     return members
 
 
-def _worth_waiting(f: Flight, lead: Flight, layer: int, holding: bool) -> bool:
+def _worth_waiting(f: Flight, lead: Flight, layer: int, held: bool) -> bool:
     """Would f join the group (its layer), or run before it (further behind), once loaded?"""
-    if f.eta is None or f.held or f.layer == FIRST or (holding and not f.prefill):
+    if f.eta is None or f.held or f.layer == FIRST or held:
         return False
     return f.layer == layer or f.lag < lead.lag
 

@@ -51,6 +51,25 @@ def test_first_blocks_go_first_and_decode_is_held_during_prefill() -> None:
     assert plan(flights, params).group is None  # the decode waits for the prefill
 
 
+def test_prefill_first_runs_a_prompts_last_wave_before_the_next_step() -> None:
+    """With prefill_first, decode tokens about to start a step wait while a prompt's last wave is
+    in flight (its first token does not wait for their step); a wave before the last rides with
+    them, and decode tokens already inside a step go on. The held flights are named, so the
+    wave's call counts as holding every flight that could run (call_end: a whole step)."""
+    params = dataclasses.replace(P, prefill_first=True)
+    decode = [flight(0, FIRST, progress=3), flight(1, FIRST, progress=3)]
+    last = Flight(index=2, seq=2, tokens=[1] * 5, pos0=0, progress=3, prefill=True, final_wave=True)
+    p = plan([*decode, last], params)
+    assert p.group == Group(members=(2,), layer=FIRST) and p.held == (0, 1)
+    assert plan([*decode, last], P).group == Group(members=(0, 1, 2), layer=FIRST)  # off: they ride together
+    early = dataclasses.replace(last, final_wave=False)
+    p = plan([*decode, early], params)
+    assert p.group == Group(members=(0, 1, 2), layer=FIRST) and p.held == ()
+    inside = [flight(0, 2, progress=3), dataclasses.replace(last, layer=1)]
+    assert plan(inside, params).group == Group(members=(1,), layer=1)  # the prompt lags: it goes first
+    assert plan(inside, params).held == ()
+
+
 def test_layer_ranges() -> None:
     assert Group((0,), FIRST).layer_range(4) == (0, 0, True, False)
     assert Group((0,), FIRST).layer_range(4, end=4) == (0, 4, False, False)

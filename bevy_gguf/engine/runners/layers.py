@@ -70,7 +70,7 @@ class SelfBalancingRunner:
                  merge_misses: float | None = None, lanes: int = 1, split_factor: float = 1.0,
                  lane_memo: dict[tuple[int, int], int] | None = None, two_pass: bool = True,
                  pass_memo: dict[tuple[int, int], StepCosts | None] | None = None, runahead: str = DEFAULT_RUNAHEAD,
-                 prefill_wave: int = 16) -> None:
+                 prefill_wave: int = 16, prefill_first: bool = False) -> None:
         self.model = model
         self.cache = cache
         self.n_parallel = n_parallel
@@ -104,6 +104,7 @@ class SelfBalancingRunner:
         # prompt chunks that prefill together, layer-major (plan.py): a layer's experts load once for
         # them; more than a few tens only lengthens every scheduling pass (the plan is linear in flights)
         self.prefill_wave = prefill_wave
+        self.prefill_first = prefill_first  # see plan.PolicyParams.prefill_first
         self.runahead_stats: dict[str, float | int | None] = {}  # ... what the lanes measured of it
         self.time_split: dict[str, float] = {}  # ... where the lanes' time went (see _Lane.time_split)
 
@@ -282,7 +283,8 @@ class _Lane:
         max_tokens = self.chunk if self.keep_reservations else self.params.n_batch
         self.policy = PolicyParams(n_layer=self.model.n_layer, max_tokens=max_tokens, max_experts=share,
                                    hold_decode=hold_decode, load_window=runner.load_window,
-                                   split_factor=runner.split_factor, two_pass=runner.two_pass)
+                                   split_factor=runner.split_factor, two_pass=runner.two_pass,
+                                   prefill_first=runner.prefill_first)
         self.whole_policy = dataclasses.replace(self.policy, keep_whole=True)  # the plan without runahead
         step_work = self.params.n_seq_max * self.model.n_layer  # token-layers of a step
         self.runahead = RunaheadChooser(epoch_work=2 * step_work, warm_work=step_work,
@@ -306,6 +308,7 @@ class _Lane:
         self.calls = 0
         self.two_pass_calls = 0  # calls that ran two passes (the others ran one)
         self._loop_s = self._calls_s = self._waits_s = 0.0  # where the step loop's time went
+        self._runnable = 0  # flights of the pass that may run (not held: plan.Plan.held)
         self._wave_end: dict[int, int] = {}  # per request (by index) prefilling: where its current wave ends
         # (request index, request, first position) of the waves a call's end made due: a prompt's next
         # wave, made after the call, at the step clock
@@ -383,6 +386,7 @@ class _Lane:
             step += 1
             if self.t_decode0 is None and not any(f.prefill for f in flights):
                 self.t_decode0 = time.perf_counter()
+            self._runnable = len(flights) - len(p.held)  # who could run while the group stalls
             self._run_group(ctx, requests, flights, p.group, t0, stats)
             self._tick(flights)  # the decode tokens that rode with a wave that ended are a step on
             for index, req, pos0 in self._due_waves:
@@ -517,7 +521,7 @@ class _Lane:
         members = [flights[i] for i in group.members]
         n_layer = self.model.n_layer
         costs = self._merge_costs(members)
-        end = self._range_end(group, members, len(flights), costs)
+        end = self._range_end(group, members, self._runnable, costs)
         il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, end)
         self._set_passes(ctx, group, members, il_end, costs)
         self.calls += 1
@@ -587,8 +591,9 @@ class _Lane:
         lagging-first order stays a step order among requests of any age."""
         end = min(len(req.prompt_tokens), pos0 + self.runner.prefill_wave * self.chunk)
         self._wave_end[index] = end
+        final = end == len(req.prompt_tokens)
         return [Flight(index, req.seq, req.prompt_tokens[p: min(p + self.chunk, end)], p,
-                       progress=self._clock, chunk=k)
+                       progress=self._clock, chunk=k, final_wave=final)
                 for k, p in enumerate(range(pos0, end, self.chunk))]
 
     def _finish_block(self, ctx: Context, requests: dict[int, Request], f: Flight, out_row: int, t0: float,
