@@ -100,7 +100,7 @@ class Plan:
     waiting: tuple[int, ...] = ()   # flights whose experts are not loaded yet
     wait_for: tuple[int, ...] = ()  # the flights a wait with a group ready holds for (their loads land soon)
     wait_s: float | None = None     # how long at most (None: until a load lands)
-    held: tuple[int, ...] = ()      # flights that may not run now (hold_decode, prefill_first): not the lane's
+    held_back: tuple[int, ...] = ()  # flights that may not run now (hold_decode, prefill_first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,14 +130,14 @@ def plan(flights: list[Flight], params: PolicyParams, cost: Cost | None = None) 
     (with a cost model) the group would leave behind a flight whose loads land sooner than the
     group computes. With two passes a wait becomes a call: see _plan_two_pass."""
     held = _held(flights, params)
-    out = tuple(sorted(held))
+    held_back = tuple(sorted(held))
     blocked = _chunk_blocked(flights)
     eligible = [i for i, f in enumerate(flights) if f.ready and i not in held and i not in blocked]
     waiting = tuple(i for i, f in enumerate(flights) if not f.ready and i not in blocked)
     if params.two_pass:
-        return replace(_plan_two_pass(flights, params, cost, held, eligible, waiting), held=out)
+        return replace(_plan_two_pass(flights, params, cost, held, eligible, waiting), held_back=held_back)
     if not eligible:
-        return Plan(None, waiting, held=out)
+        return Plan(None, waiting, held_back=held_back)
     lead = min(eligible, key=lambda i: flights[i].lag)
     layer = flights[lead].layer
     members = _members(flights, eligible, layer, params)
@@ -147,8 +147,8 @@ def plan(flights: list[Flight], params: PolicyParams, cost: Cost | None = None) 
         soon = tuple(i for i in waiting if _worth_waiting(flights[i], flights[lead], layer, i in held)
                      and flights[i].eta <= limit)
         if soon:
-            return Plan(None, waiting, wait_for=soon, wait_s=max(flights[i].eta for i in soon), held=out)
-    return Plan(group, waiting, held=out)
+            return Plan(None, waiting, wait_for=soon, wait_s=max(flights[i].eta for i in soon), held_back=held_back)
+    return Plan(group, waiting, held_back=held_back)
 
 
 def _held(flights: list[Flight], params: PolicyParams) -> set[int]:

@@ -60,14 +60,14 @@ def test_prefill_first_runs_a_prompts_last_wave_before_the_next_step() -> None:
     decode = [flight(0, FIRST, progress=3), flight(1, FIRST, progress=3)]
     last = Flight(index=2, seq=2, tokens=[1] * 5, pos0=0, progress=3, prefill=True, final_wave=True)
     p = plan([*decode, last], params)
-    assert p.group == Group(members=(2,), layer=FIRST) and p.held == (0, 1)
+    assert p.group == Group(members=(2,), layer=FIRST) and p.held_back == (0, 1)
     assert plan([*decode, last], P).group == Group(members=(0, 1, 2), layer=FIRST)  # off: they ride together
     early = dataclasses.replace(last, final_wave=False)
     p = plan([*decode, early], params)
-    assert p.group == Group(members=(0, 1, 2), layer=FIRST) and p.held == ()
+    assert p.group == Group(members=(0, 1, 2), layer=FIRST) and p.held_back == ()
     inside = [flight(0, 2, progress=3), dataclasses.replace(last, layer=1)]
     assert plan(inside, params).group == Group(members=(1,), layer=1)  # the prompt lags: it goes first
-    assert plan(inside, params).held == ()
+    assert plan(inside, params).held_back == ()
 
 
 def test_layer_ranges() -> None:

@@ -308,7 +308,6 @@ class _Lane:
         self.calls = 0
         self.two_pass_calls = 0  # calls that ran two passes (the others ran one)
         self._loop_s = self._calls_s = self._waits_s = 0.0  # where the step loop's time went
-        self._runnable = 0  # flights of the pass that may run (not held: plan.Plan.held)
         self._wave_end: dict[int, int] = {}  # per request (by index) prefilling: where its current wave ends
         # (request index, request, first position) of the waves a call's end made due: a prompt's next
         # wave, made after the call, at the step clock
@@ -386,8 +385,8 @@ class _Lane:
             step += 1
             if self.t_decode0 is None and not any(f.prefill for f in flights):
                 self.t_decode0 = time.perf_counter()
-            self._runnable = len(flights) - len(p.held)  # who could run while the group stalls
-            self._run_group(ctx, requests, flights, p.group, t0, stats)
+            runnable = len(flights) - len(p.held_back)  # who could run while the group stalls
+            self._run_group(ctx, requests, flights, p.group, runnable, t0, stats)
             self._tick(flights)  # the decode tokens that rode with a wave that ended are a step on
             for index, req, pos0 in self._due_waves:
                 flights += self._wave(index, req, pos0)
@@ -507,21 +506,21 @@ class _Lane:
             self._waiting_since = None
 
     def _run_group(self, ctx: Context, requests: dict[int, Request], flights: list[Flight], group: Group,
-                   t0: float, stats: RunStats) -> None:
+                   runnable: int, t0: float, stats: RunStats) -> None:
         t_enter = time.perf_counter()
-        self._call(ctx, requests, flights, group, t0, stats)
+        self._call(ctx, requests, flights, group, runnable, t0, stats)
         # this pass's Python: the scheduling before, and the group's work around its call
         py = self._pass_py + time.perf_counter() - t_enter - self._call_s
         self._pass_s = py if self._pass_s == 0 else self._pass_s + PASS_DECAY * (py - self._pass_s)
 
     def _call(self, ctx: Context, requests: dict[int, Request], flights: list[Flight], group: Group,
-              t0: float, stats: RunStats) -> None:
+              runnable: int, t0: float, stats: RunStats) -> None:
         self._waiting_since = None
         self._call_s = 0.0
         members = [flights[i] for i in group.members]
         n_layer = self.model.n_layer
         costs = self._merge_costs(members)
-        end = self._range_end(group, members, self._runnable, costs)
+        end = self._range_end(group, members, runnable, costs)
         il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, end)
         self._set_passes(ctx, group, members, il_end, costs)
         self.calls += 1
