@@ -34,6 +34,7 @@ from bevy_gguf._native.llama_handles import Context, ContextParams, Model
 from bevy_gguf.engine.expert_cache import ExpertCache
 
 REPEATS = 5        # timed runs per candidate (median)
+ALONE_MAX_S = 1.0  # the longest the link streams alone waiting for its first finished load
 # more lanes must take at most this share of one lane's compute time: they read more bytes (each
 # lane the union of its own tokens' experts), which costs link time where experts miss (measured
 # on the default model at a 50% cache: two lanes loaded 6-16% more than one context, and were
@@ -110,13 +111,14 @@ def time_lanes(model: Model, cache: ExpertCache, params: ContextParams, lanes: i
 
 def calibration_layers(cache: ExpertCache, n_seq: int) -> int:
     """Layers the calibration runs: every layer if the cache holds all their experts for n_seq
-    tokens at once, else one if it holds one layer's twice over, else 0 (it must not evict what
-    it reads, nor fail for want of slots)."""
+    tokens at once, else up to the first MoE layer if it holds that layer's twice over, else 0
+    (it must not evict what it reads, nor fail for want of slots)."""
     layout = cache.layout
     per_layer = min(layout.n_expert, n_seq * layout.top_k)
     if all(len(c.layers) * per_layer <= n for c, n in zip(layout.classes, cache.class_slots)):
         return layout.n_layer
-    return 1 if 2 * per_layer <= cache.class_slots[layout.layer_class[0]] else 0
+    first = layout.moe_layers[0]
+    return first + 1 if 2 * per_layer <= cache.class_slots[layout.layer_class[first]] else 0
 
 
 def choose_lanes(model: Model, cache: ExpertCache, params: ContextParams, candidates: list[int]) -> tuple[int, dict]:
@@ -178,9 +180,7 @@ def time_step_costs(model: Model, cache: ExpertCache, params: ContextParams) -> 
                     times[kind].append(time.perf_counter() - t)
                     if kind == "loading":
                         moved.append(stream.stop() / times[kind][-1])
-                stream.start()  # as long again with nothing computing: the link's own speed
-                time.sleep(times["one"][-1])
-                alone.append(stream.stop() / times["one"][-1])
+                alone.append(stream.alone(times["one"][-1]))  # nothing computing: the link's own speed
         finally:
             cache.release_hooks()
     # paired differences (runs next to each other in time, so that the machine's drift cancels)
@@ -253,6 +253,21 @@ class _LinkStream:
             self._bytes = 0
             self._go = True
             self._cv.notify_all()
+
+    def alone(self, seconds: float) -> float:
+        """Expert loads per second of the link streaming for `seconds` with nothing else
+        running; where no load finished in that window (a tiny model's step is shorter than a
+        read), on until one has, over the time that took."""
+        t0 = time.perf_counter()
+        self.start()
+        time.sleep(seconds)
+        window = seconds
+        deadline = t0 + ALONE_MAX_S
+        with self._cv:
+            while not self._bytes and self.error is None and time.perf_counter() < deadline:
+                self._cv.wait(timeout=deadline - time.perf_counter())
+                window = time.perf_counter() - t0
+        return self.stop() / window
 
     def stop(self) -> float:
         with self._cv:
