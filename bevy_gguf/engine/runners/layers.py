@@ -34,6 +34,7 @@ from collections.abc import Callable
 from bevy_gguf._native import llama_ext
 from bevy_gguf._native.llama_handles import Context, ContextParams, Model
 from bevy_gguf.config import DEFAULT_RUNAHEAD
+from bevy_gguf.engine.cache_layout import DENSE
 from bevy_gguf.engine.calibrate import StepCosts, calibration_layers, choose_lanes, time_step_costs
 from bevy_gguf.engine.cost_model import CallCostModel, CallShape, LinkTimePerLoad
 from bevy_gguf.engine.expert_cache import ExpertCache
@@ -281,10 +282,11 @@ class _Lane:
         self.chunk = self.cache.layout.micro_batch(share, self.params.n_batch)
         # with reservations held, a call's tokens must fit its share at every layer it merges
         max_tokens = self.chunk if self.keep_reservations else self.params.n_batch
+        dense = frozenset(il for il, c in enumerate(self.cache.layout.layer_class) if c == DENSE)
         self.policy = PolicyParams(n_layer=self.model.n_layer, max_tokens=max_tokens, max_experts=share,
                                    hold_decode=hold_decode, load_window=runner.load_window,
                                    split_factor=runner.split_factor, two_pass=runner.two_pass,
-                                   prefill_first=runner.prefill_first)
+                                   prefill_first=runner.prefill_first, dense=dense)
         self.whole_policy = dataclasses.replace(self.policy, keep_whole=True)  # the plan without runahead
         step_work = self.params.n_seq_max * self.model.n_layer  # token-layers of a step
         self.runahead = RunaheadChooser(epoch_work=2 * step_work, warm_work=step_work,
@@ -295,8 +297,14 @@ class _Lane:
         self.t_decode0: float | None = None
         self.t_end = 0.0
         self._waiting_since: float | None = None
-        self.miss_rate = [1.0] * self.model.n_layer  # nothing is known: assume misses
+        # nothing is known: assume misses (a dense layer has none)
+        self.miss_rate = [0.0 if il in dense else 1.0 for il in range(self.model.n_layer)]
         self._seen = [(0, 0)] * self.model.n_layer
+        # a cache that holds every expert: once a layer's are all in, it cannot miss again, however
+        # slowly the average forgets the cold start (a tiny batch looks up a few experts a step)
+        layout = self.cache.layout
+        holds_all = all(n >= len(c.layers) * layout.n_expert for c, n in zip(layout.classes, self.cache.class_slots))
+        self._all_in: set[int] | None = set() if holds_all else None
         self._flights = self.cache.flights()  # the native buffer of each pass's flights
         self._pass_s = 0.0  # this lane's Python time per scheduling pass (moving average)
         self._pass_py = 0.0  # ... of the current pass, before its call
@@ -491,6 +499,14 @@ class _Lane:
                 alpha = 1.0 - MISS_RATE_DECAY ** (dh + dm)
                 self.miss_rate[il] += alpha * (dm / (dh + dm) - self.miss_rate[il])
                 self._seen[il] = (hits[il], misses[il])
+        if self._all_in is not None:
+            for il in self.cache.layout.moe_layers:
+                if il not in self._all_in:
+                    c = self.cache.counters(il)
+                    if c["loads"] - c["evictions"] >= self.cache.layout.n_expert:
+                        self._all_in.add(il)
+                if il in self._all_in:
+                    self.miss_rate[il] = 0.0
 
     def _check_timeout(self, requests: dict[int, Request], flights: list[Flight]) -> None:
         """Nothing ran for wait_timeout_s: the flights waiting for loads fail (the loop drops them
