@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bevy_gguf.synth import ensure_model
-from bevy_gguf.synth.spec import ARCHS, ModelSpec
+from bevy_gguf.synth.spec import ARCHS, DENSE_LEAD_ARCHS, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBES = ROOT / "tests" / "probes"  # scripts that run one scenario in a process of their own
@@ -23,7 +23,11 @@ TIMEOUT_S = 300
 
 
 def tiny_spec(arch: str = "qwen3moe", dtype: str = "q8_0", **kw: int) -> ModelSpec:
+    """A tiny model of arch; `layers` counts its MoE layers (glm4moe gets one dense leading layer
+    on top, as GLM-4.5 has, so every dense-layer path is exercised)."""
     params = dict(layers=2, experts=8, top_k=2, embd=64, ff=64, seed=0) | kw
+    if arch in DENSE_LEAD_ARCHS and "dense_layers" not in kw:
+        params |= dict(dense_layers=1, layers=params["layers"] + 1)
     return ModelSpec(arch=arch, dtype=dtype, **params)
 
 

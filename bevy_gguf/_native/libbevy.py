@@ -149,7 +149,9 @@ class BevyPass(ctypes.Structure):
 
 POLICIES = {"lru": 0, "next-use": 1, "random": 2}  # enum bevy_policy
 EVENT_WAIT, EVENT_COMPUTE, EVENT_LOAD = 0, 1, 2    # enum bevy_event_kind
-_CONSTANTS = {"BEVY_MAX_KINDS": MAX_KINDS, "BEVY_MAX_CLASSES": MAX_CLASSES, "BEVY_POLICY_LRU": POLICIES["lru"],
+DENSE_LAYER = -1  # BEVY_DENSE_LAYER: the class of a layer without routed experts
+_CONSTANTS = {"BEVY_MAX_KINDS": MAX_KINDS, "BEVY_MAX_CLASSES": MAX_CLASSES, "BEVY_DENSE_LAYER": DENSE_LAYER,
+              "BEVY_POLICY_LRU": POLICIES["lru"],
               "BEVY_POLICY_NEXT_USE": POLICIES["next-use"], "BEVY_POLICY_RANDOM": POLICIES["random"],
               "BEVY_EVENT_WAIT": EVENT_WAIT, "BEVY_EVENT_COMPUTE": EVENT_COMPUTE, "BEVY_EVENT_LOAD": EVENT_LOAD}
 

@@ -48,13 +48,17 @@ def per_request(trace: RouterTrace, calls: list[BatchCall], n_requests: int, dec
 
     Rows arrive in batch order (kv_unified keeps it), one block per decode call; every request
     must have the same number of steps. The last layer computes only the rows that output
-    logits (llama.cpp drops the others before it), so its prefill blocks are shorter.
+    logits (llama.cpp drops the others before it), so its prefill blocks are shorter. A dense
+    layer (no experts, nothing traced) gets -1 for every selection: callers keep moe_layers.
     """
     every = [(i, not call.prefill) for call in calls for i in call.rows]
     outputs = [(call.rows[n], not call.prefill) for call in calls for n in call.output_rows()]
-    layers = []
+    layers: list[np.ndarray | None] = []
     for il in range(trace.n_layer):
         ids = trace.layer(il)
+        if not len(ids) and every:  # a dense layer (no router): -1 below, like no expert
+            layers.append(None)
+            continue
         owners = every if len(ids) == len(every) else outputs
         if len(owners) != len(ids):
             raise BevyError(f"layer {il}: {len(ids)} rows traced for {len(every)} batch rows")
@@ -63,7 +67,8 @@ def per_request(trace: RouterTrace, calls: list[BatchCall], n_requests: int, dec
             if is_decode or not decode_only:
                 rows[req].append(row)
         layers.append(np.stack([np.stack(r) for r in rows]))
-    return np.stack(layers, axis=1)
+    moe = next(a for a in layers if a is not None)
+    return np.stack([np.full_like(moe, -1) if a is None else a for a in layers], axis=1)
 
 
 @dataclass(frozen=True, slots=True)

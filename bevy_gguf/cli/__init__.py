@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from bevy_gguf.config import (
@@ -19,6 +20,7 @@ from bevy_gguf.config import (
 )
 from bevy_gguf.engine.registry import DEFAULT_SCHEDULER, help_text, scheduler_names
 from bevy_gguf.errors import BevyError
+from bevy_gguf.synth.presets import PRESETS, preset_spec
 from bevy_gguf.synth.spec import ARCHS, DTYPES, QUANTIZE_TYPES, ModelSpec
 from bevy_gguf.workload.serving import DECODE_TOKENS, PROMPT_TOKENS, SERVE_REQUESTS_PER_SEQ
 
@@ -46,16 +48,31 @@ def positive(name: str, kind: type = int):  # noqa: ANN201 - an argparse type
     return parse
 
 
+MODEL_FIELDS = ("arch", "experts", "top_k", "embd", "ff", "heads", "kv_heads", "head_size", "shared_ff",
+                "dense_layers", "dense_ff", "vocab", "seed", "dtype")
+
+
+def _make_model_spec(args: argparse.Namespace) -> ModelSpec:
+    """make-model's spec: the preset's (or the default model's), with the options given."""
+    given = {f: getattr(args, f) for f in MODEL_FIELDS if getattr(args, f) is not None}
+    given |= {"quantize": args.quantize or "", "tensor_types": tuple(args.tensor_type or ())}
+    if args.preset:
+        return preset_spec(args.preset, args.layers, **given)
+    if args.layers is not None:
+        given["layers"] = args.layers
+    return replace(DEFAULT, **given)
+
+
 def cmd_make_model(args: argparse.Namespace) -> int:
     from bevy_gguf.gguf_info import inspect_model
     from bevy_gguf.synth import make_model
+    from bevy_gguf.synth.tensors import n_params
 
-    spec = ModelSpec(arch=args.arch, layers=args.layers, experts=args.experts, top_k=args.top_k,
-                     embd=args.embd, ff=args.ff, dtype=args.dtype, seed=args.seed, quantize=args.quantize or "",
-                     tensor_types=tuple(args.tensor_type or ()))
+    spec = _make_model_spec(args)
     out = make_model(spec, Path(args.out), progress=sys.stderr.isatty())
     info = inspect_model(out)
-    print(f"{out}: {spec.key}, {info.file_bytes / 1e6:.1f} MB, routed experts {info.expert_bytes / 1e6:.1f} MB")
+    print(f"{out}: {spec.key}, {n_params(spec) / 1e9:.3f} B parameters, {info.file_bytes / 1e6:.1f} MB, "
+          f"routed experts {info.expert_bytes / 1e6:.1f} MB")
     return 0
 
 
@@ -281,14 +298,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     mm = sub.add_parser("make-model", help="generate a MoE GGUF with realistic routing (cached by parameters)")
     mm.add_argument("out", metavar="OUT.gguf")
-    mm.add_argument("--arch", choices=ARCHS, default=DEFAULT.arch)
-    mm.add_argument("--layers", type=int, default=DEFAULT.layers)
-    mm.add_argument("--experts", type=int, default=DEFAULT.experts)
-    mm.add_argument("--top-k", type=int, default=DEFAULT.top_k)
-    mm.add_argument("--embd", type=int, default=DEFAULT.embd)
-    mm.add_argument("--ff", type=int, default=DEFAULT.ff)
-    mm.add_argument("--dtype", choices=DTYPES, default=DEFAULT.dtype)
-    mm.add_argument("--seed", type=int, default=DEFAULT.seed)
+    mm.add_argument("--preset", metavar="NAME",
+                    help="a real model's published shape (the options below override it): " + ", ".join(PRESETS))
+    mm.add_argument("--arch", choices=ARCHS, help=f"default {DEFAULT.arch}")
+    for flag, what in (("--layers", "layers (with --preset: its first N)"), ("--experts", "routed experts per layer"),
+                       ("--top-k", "experts per token"), ("--embd", "hidden size"), ("--ff", "expert width"),
+                       ("--heads", "attention heads (0: embd / head size)"), ("--kv-heads", "KV heads (0: heads)"),
+                       ("--head-size", "head dimension (0: 64, 32 below 256 wide)"),
+                       ("--shared-ff", "shared expert width (qwen2moe, glm4moe; 0: ff)"),
+                       ("--dense-layers", "leading dense FFN layers (glm4moe)"),
+                       ("--dense-ff", "their width (0: 4 ff)"),
+                       ("--vocab", "vocabulary size, padded with unused tokens (0: the tokenizer's)"),
+                       ("--seed", "random seed")):
+        field = flag[2:].replace("-", "_")
+        mm.add_argument(flag, type=int, help=f"{what}; default {getattr(DEFAULT, field)}")
+    mm.add_argument("--dtype", choices=DTYPES, help=f"default {DEFAULT.dtype}")
     mm.add_argument("--quantize", metavar="TYPE", type=str.upper,
                     help="pass the model through stock llama-quantize: " + ", ".join(QUANTIZE_TYPES))
     mm.add_argument("--tensor-type", metavar="NAME=TYPE", action="append",

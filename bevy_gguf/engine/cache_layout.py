@@ -18,6 +18,8 @@ from bevy_gguf.gguf_info import ModelInfo
 # the order of kinds in a slot (any fixed order works; the patch matches them by name)
 KIND_ORDER = ("gate", "up", "down", "gate_up", "gate.scale", "up.scale", "down.scale", "gate_up.scale")
 MAX_CLASSES = 16  # libbevy's BEVY_MAX_CLASSES
+# libbevy's BEVY_DENSE_LAYER: the class of a layer without routed experts (GLM's leading dense layers)
+DENSE = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +40,7 @@ class CacheLayout:
 
     kinds: tuple[str, ...]
     classes: tuple[SlotClass, ...]
-    layer_class: tuple[int, ...]          # per layer: its class
+    layer_class: tuple[int, ...]          # per layer: its class (DENSE: no routed experts)
     sources: dict[tuple[int, int], int]  # (layer, kind index) -> file offset of expert 0
     n_layer: int
     n_expert: int
@@ -49,7 +51,12 @@ class CacheLayout:
         """Bytes of one expert: of the only class, or on average over the model's experts."""
         if len(self.classes) == 1:
             return self.classes[0].bytes
-        return self.expert_bytes // (self.n_layer * self.n_expert)
+        return self.expert_bytes // (len(self.moe_layers) * self.n_expert)
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """The layers with routed experts (every layer but dense leading ones)."""
+        return tuple(il for il, c in enumerate(self.layer_class) if c != DENSE)
 
     @property
     def expert_bytes(self) -> int:
@@ -73,6 +80,9 @@ class CacheLayout:
         layer_class = []
         for il in range(info.n_layer):
             got = per_layer.get(il, {})
+            if not got:  # a dense FFN layer: the hook never sees it
+                layer_class.append(DENSE)
+                continue
             if set(got) != set(kinds):
                 missing = ", ".join(sorted(set(kinds) - set(got)))
                 raise BevyError(f"layer {il} lacks the {missing} expert tensors the other layers have: not supported")

@@ -106,11 +106,11 @@ class ExpertCache:
         llama_ext.set_moe_hook(ctx.lib, ctx.ptr, hook.fn, hook.user_data, want_router_in=prefetch)
         layout = self.layout
         # one entry per (layer, kind): each layer reads the slots of its class, in its own type
-        tensors = (llama_ext.LlamaMoeCacheTensor * (layout.n_layer * len(layout.kinds)))()
-        for il in range(layout.n_layer):
+        tensors = (llama_ext.LlamaMoeCacheTensor * (len(layout.moe_layers) * len(layout.kinds)))()
+        for n, il in enumerate(layout.moe_layers):
             c = layout.layer_class[il]
             for i, (kind, nbytes) in enumerate(zip(layout.kinds, layout.classes[c].kind_bytes)):
-                t = tensors[il * len(layout.kinds) + i]
+                t = tensors[n * len(layout.kinds) + i]
                 t.kind, t.il, t.n_slots = kind.encode(), il, self.class_slots[c]
                 t.data = self.native.slot_data(i, c)
                 t.nbytes = nbytes * self.class_slots[c]

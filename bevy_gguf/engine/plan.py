@@ -120,6 +120,8 @@ class PolicyParams:
     prefill_first: bool = False  # a prompt's last wave goes through the layers before the decode tokens
                                  # waiting to start a step (as llama-server and blocking prefill a joining
                                  # prompt before the next decode step): its first token does not wait for it
+    dense: frozenset[int] = frozenset()  # layers without routed experts (GLM's and DeepSeek's leading
+                                         # dense layers): no router, so a call never stops at one
 
 
 Cost = Callable[[list[Flight]], float | None]  # predicted compute seconds of a group of flights (None: unknown)
@@ -285,6 +287,18 @@ class MergeCosts:
 def call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, top_k: int, n_expert: int,
              miss_rate: list[float], costs: MergeCosts | None, merge_misses: float | None = None,
              runahead: bool = False) -> int:
+    """Where a group's call stops (_call_end), moved past dense layers: a call ends with the
+    lookahead of the layer it stops at, whose router reveals that layer's experts, and a dense
+    layer has none (a call that would stop there runs it and stops at the next MoE layer)."""
+    end = _call_end(group, n_flights, tokens, params, top_k, n_expert, miss_rate, costs, merge_misses, runahead)
+    while end < params.n_layer and end in params.dense:
+        end += 1
+    return end
+
+
+def _call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, top_k: int, n_expert: int,
+              miss_rate: list[float], costs: MergeCosts | None, merge_misses: float | None,
+              runahead: bool) -> int:
     """Where a group's call stops (the il_end of llama_decode_layers): right after its own layer,
     or, when the group holds every flight of its lane (nobody could run while it stalls) and any
     layer's experts for its tokens fit the cache at once, on through each following layer whose

@@ -19,6 +19,7 @@ not depend on the order in which tensors are generated.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from functools import cached_property
 from statistics import NormalDist
 
@@ -50,6 +51,8 @@ ROUTER_TOPIC = 1.0    # reads the byte-class topic (locality within words, per-t
 ROUTER_CONTEXT = 3.0  # reads the running topic mean (per-text hot sets)
 ROUTER_NOISE = 1.1    # reads token identity (per-token variety)
 CONTEXT_RMS = 0.5     # rough RMS share of the context subspace in the normalized residual
+
+CHUNK_VALUES = 1 << 24  # values drawn at once by the streaming writer (64 MB of float32)
 
 EXPERT_OUT = 0.08   # RMS of one expert's output relative to the residual (small)
 HEAD_LOGIT_STD = 8.0  # spread of the output logits
@@ -107,19 +110,19 @@ class Recipe:
         return (emb * np.sqrt(self.spec.embd)).astype(np.float32)
 
     def attention(self, layer: int) -> dict[str, np.ndarray]:
-        """q, k, v, o: zero queries and keys; v reads the topic, o writes it rotated into C."""
+        """q, k, v, o: zero queries and keys; v reads the topic, o writes it rotated into C (GQA:
+        head 0's KV head carries the topic, and every query head of its group reads it)."""
         s, d = self.spec, self.spec.embd
-        n_q = s.n_head * s.head_dim
+        n_q, n_kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
         _, t, c, _ = self.basis
         rot, _ = np.linalg.qr(self.rng(f"blk.{layer}.attn_rot").standard_normal((TOPIC_DIMS, TOPIC_DIMS)))
-        wv = np.zeros((n_q, d))
+        wv = np.zeros((n_kv, d))
         wv[:TOPIC_DIMS, :] = t.T                       # head 0 carries the topic coordinates
         wo = np.zeros((d, n_q))
         wo[:, :TOPIC_DIMS] = ATTN_CONTEXT_GAIN * c @ rot  # ... and writes them into the context
-        zeros = np.zeros((n_q, d))
         return {
-            "q": zeros.astype(np.float32),
-            "k": zeros.astype(np.float32),
+            "q": np.zeros((n_q, d), dtype=np.float32),
+            "k": np.zeros((n_kv, d), dtype=np.float32),
             "v": wv.astype(np.float32),
             "o": wo.astype(np.float32),
         }
@@ -145,29 +148,61 @@ class Recipe:
         )
         return rows.astype(np.float32)
 
-    def experts(self, layer: int, ff: int | None = None, name: str = "exps") -> dict[str, np.ndarray]:
-        """gate, up [E, ff, D] and down [E, D, ff]: small random experts."""
+    def experts(self, layer: int, ff: int | None = None, name: str = "exps",
+                chunk: int | None = None) -> Iterator[tuple[str, np.ndarray]]:
+        """gate, up [E, ff, D] and down [E, D, ff]: small random experts, as (kind, chunk of
+        experts) in file order (gate's chunks, then up's, then down's), so that memory holds one
+        chunk; the values do not depend on the chunk size (one generator, drawn in order)."""
         s = self.spec
         ff = ff or s.ff
         n = s.experts if name == "exps" else 1
+        chunk = chunk or max(1, CHUNK_VALUES // (ff * s.embd))
         rng = self.rng(f"blk.{layer}.ffn_{name}")
-        gate = rng.standard_normal((n, ff, s.embd), dtype=np.float32) / np.float32(np.sqrt(s.embd))
-        up = rng.standard_normal((n, ff, s.embd), dtype=np.float32) / np.float32(np.sqrt(s.embd))
         # silu(g)*u has RMS ~0.6; scale down so one expert adds ~EXPERT_OUT of the residual RMS
-        down = rng.standard_normal((n, s.embd, ff), dtype=np.float32) * np.float32(EXPERT_OUT / (0.6 * np.sqrt(ff)))
-        return {"gate": gate, "up": up, "down": down}
+        for kind in ("gate", "up", "down"):
+            shape = (ff, s.embd) if kind != "down" else (s.embd, ff)
+            for first in range(0, n, chunk):
+                w = rng.standard_normal((min(chunk, n - first), *shape), dtype=np.float32)
+                if kind == "down":
+                    yield kind, w * np.float32(EXPERT_OUT / (0.6 * np.sqrt(ff)))
+                else:
+                    yield kind, w / np.float32(np.sqrt(s.embd))
 
-    def shared_expert(self, layer: int) -> dict[str, np.ndarray]:
-        """qwen2moe's shared expert: dense gate/up/down and its sigmoid gate row."""
-        w = {k: v[0] for k, v in self.experts(layer, name="shexp").items()}
-        w["gate_inp"] = (self.rng(f"blk.{layer}.ffn_gate_inp_shexp").standard_normal(self.spec.embd)
-                         / np.sqrt(self.spec.embd)).astype(np.float32)
-        return w
+    def dense_ffn(self, layer: int) -> Iterator[tuple[str, np.ndarray]]:
+        """A dense leading layer's gate, up [ff, D] and down [D, ff] (one expert's recipe, wider)."""
+        for kind, w in self.experts(layer, ff=self.spec.dense_width, name="dense"):
+            yield kind, w[0]
 
-    def output(self) -> np.ndarray:
-        """[V, D] head rows that read token identity only."""
-        _, _, _, i = self.basis
+    def shared_ffn(self, layer: int) -> Iterator[tuple[str, np.ndarray]]:
+        """The shared expert's gate, up [ff, D] and down [D, ff]."""
+        for kind, w in self.experts(layer, ff=self.spec.shared_width, name="shexp"):
+            yield kind, w[0]
+
+    def shared_gate(self, layer: int) -> np.ndarray:
+        """qwen2moe's sigmoid gate row of the shared expert."""
+        return (self.rng(f"blk.{layer}.ffn_gate_inp_shexp").standard_normal(self.spec.embd)
+                / np.sqrt(self.spec.embd)).astype(np.float32)
+
+    def output(self) -> Iterator[np.ndarray]:
+        """[V, D] head rows that read token identity only, in row chunks; the padding tokens'
+        rows read -u (the residual's shared direction), so their logits sit far below."""
+        s = self.spec
+        u, _, _, i = self.basis
         h = _unit(self.rng("output"), N_VOCAB, self.dim_id)
         # the normalized residual carries sqrt(D)*EMB_ID of identity: scale to HEAD_LOGIT_STD
-        gain = HEAD_LOGIT_STD * np.sqrt(self.dim_id) / (np.sqrt(self.spec.embd) * EMB_ID)
-        return (gain * h @ i.T).astype(np.float32)
+        gain = HEAD_LOGIT_STD * np.sqrt(self.dim_id) / (np.sqrt(s.embd) * EMB_ID)
+        yield (gain * h @ i.T).astype(np.float32)
+        pad_row = (-2 * HEAD_LOGIT_STD / (np.sqrt(s.embd) * EMB_U) * u).astype(np.float32)
+        yield from _rows(pad_row, s.n_vocab - N_VOCAB, s.embd)
+
+    def token_embd_rows(self) -> Iterator[np.ndarray]:
+        """token_embd in row chunks: the tokenizer's tokens, then zero rows for the padding."""
+        yield self.token_embd()
+        yield from _rows(np.zeros(self.spec.embd, dtype=np.float32), self.spec.n_vocab - N_VOCAB, self.spec.embd)
+
+
+def _rows(row: np.ndarray, n: int, width: int) -> Iterator[np.ndarray]:
+    """n copies of row, in chunks of about CHUNK_VALUES values."""
+    step = max(1, CHUNK_VALUES // width)
+    for first in range(0, n, step):
+        yield np.broadcast_to(row, (min(step, n - first), width))

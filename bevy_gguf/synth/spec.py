@@ -9,13 +9,21 @@ from functools import cache
 from pathlib import Path
 
 from bevy_gguf.errors import BevyError
+from bevy_gguf.synth.tokenizer import N_VOCAB
 
-ARCHS = ("qwen3moe", "qwen2moe", "mixtral")
+ARCHS = ("qwen3moe", "qwen2moe", "mixtral", "glm4moe", "gpt-oss")
+SHARED_EXPERT_ARCHS = ("qwen2moe", "glm4moe")  # archs whose MoE layers have a shared expert
+DENSE_LEAD_ARCHS = ("glm4moe",)                # archs that may start with dense FFN layers
 DTYPES = ("f16", "q8_0")
 # llama-quantize's file types that need no importance matrix (the IQ1/IQ2 ones do, and we make none)
 QUANTIZE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S",
                   "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_M", "MXFP4_MOE",
                   "F16", "BF16")
+MIN_VOCAB = N_VOCAB
+TOPIC_HEAD_MIN = 16  # head 0 carries the recipe's 16 topic coordinates (recipe.py)
+# the shape fields in the key, where set: tag
+SHAPE_TAGS = (("heads", "H"), ("kv_heads", "KV"), ("head_size", "hd"), ("shared_ff", "SF"),
+              ("dense_layers", "DL"), ("dense_ff", "DF"), ("vocab", "V"))
 TENSOR_TYPE = re.compile(r"[A-Za-z0-9_.]+=[A-Za-z0-9_]+")  # llama-quantize --tensor-type NAME=TYPE
 
 
@@ -24,7 +32,7 @@ def recipe_digest() -> str:
     """A short hash of the code that generates the bytes (part of the cache key)."""
     here = Path(__file__).parent
     h = hashlib.sha256()
-    for name in ("recipe.py", "tokenizer.py", "writer.py"):
+    for name in ("recipe.py", "tensors.py", "tokenizer.py", "writer.py"):
         h.update((here / name).read_bytes())
     return h.hexdigest()[:10]
 
@@ -43,6 +51,14 @@ class ModelSpec:
     seed: int = 0
     quantize: str = ""                  # a llama-quantize type (Q4_K_M, ...): the model passed through it
     tensor_types: tuple[str, ...] = ()  # its --tensor-type NAME=TYPE overrides (dynamic-quant-like mixes)
+    # real shapes (0: the small models' defaults, as before these existed)
+    heads: int = 0         # attention heads (0: embd / head_dim)
+    kv_heads: int = 0      # KV heads, GQA (0: heads)
+    head_size: int = 0     # dimension of a head (0: 64, or 32 below 256 wide)
+    shared_ff: int = 0     # width of the shared expert (0: ff); qwen2moe and glm4moe have one
+    dense_layers: int = 0  # leading layers with a dense FFN instead of experts (glm4moe)
+    dense_ff: int = 0      # their width (0: 4 * ff)
+    vocab: int = 0         # vocabulary padded with unused tokens to this size (0: the tokenizer's own)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -68,14 +84,57 @@ class ModelSpec:
                 raise BevyError(f"--tensor-type {tt!r} is not NAME=TYPE (e.g. ffn_down_exps=q6_k)")
         if self.tensor_types and not self.quantize:
             raise BevyError("--tensor-type needs --quantize TYPE (the types the rest of the model gets)")
+        self._check_shape()
+
+    def _check_shape(self) -> None:
+        for name in ("heads", "kv_heads", "head_size", "shared_ff", "dense_layers", "dense_ff", "vocab"):
+            if getattr(self, name) < 0:
+                raise BevyError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 0")
+        if self.head_size and (self.head_size < TOPIC_HEAD_MIN or self.head_size % 2):
+            raise BevyError(f"--head-size {self.head_size} must be even and at least {TOPIC_HEAD_MIN}")
+        if (self.n_head * self.head_dim) % 32:
+            raise BevyError(f"--heads x --head-size ({self.n_head} x {self.head_dim}) must be a multiple of 32")
+        if self.n_head % self.n_head_kv:
+            raise BevyError(f"--heads {self.n_head} must be a multiple of --kv-heads {self.n_head_kv}")
+        if self.shared_ff % 32 or self.dense_ff % 32:
+            raise BevyError("--shared-ff and --dense-ff must be multiples of 32")
+        if self.shared_ff and self.arch not in SHARED_EXPERT_ARCHS:
+            raise BevyError(f"--shared-ff: {self.arch} has no shared expert ({', '.join(SHARED_EXPERT_ARCHS)} do)")
+        if self.dense_layers and self.arch not in DENSE_LEAD_ARCHS:
+            raise BevyError(f"--dense-layers: {self.arch} has no dense leading layers "
+                            f"({', '.join(DENSE_LEAD_ARCHS)} do)")
+        if self.dense_layers >= self.layers:
+            raise BevyError(f"--dense-layers {self.dense_layers} leaves no MoE layer of --layers {self.layers}")
+        if self.vocab and self.vocab < MIN_VOCAB:
+            raise BevyError(f"--vocab {self.vocab} is below the tokenizer's {MIN_VOCAB} tokens")
 
     @property
     def head_dim(self) -> int:
-        return 64 if self.embd >= 256 else 32
+        return self.head_size or (64 if self.embd >= 256 else 32)
 
     @property
     def n_head(self) -> int:
-        return self.embd // self.head_dim
+        return self.heads or self.embd // self.head_dim
+
+    @property
+    def n_head_kv(self) -> int:
+        return self.kv_heads or self.n_head
+
+    @property
+    def n_vocab(self) -> int:
+        return self.vocab or MIN_VOCAB
+
+    @property
+    def shared_width(self) -> int:
+        """The shared expert's width (0: none)."""
+        return (self.shared_ff or self.ff) if self.arch in SHARED_EXPERT_ARCHS else 0
+
+    @property
+    def dense_width(self) -> int:
+        return self.dense_ff or 4 * self.ff
+
+    def is_moe_layer(self, il: int) -> bool:
+        return il >= self.dense_layers
 
     @property
     def key(self) -> str:
@@ -83,8 +142,9 @@ class ModelSpec:
         quant = f"-{self.quantize}" if self.quantize else ""
         if self.tensor_types:
             quant += "-tt" + hashlib.sha256("\n".join(self.tensor_types).encode()).hexdigest()[:8]
+        shape = "".join(f"-{tag}{getattr(self, name)}" for name, tag in SHAPE_TAGS if getattr(self, name))
         return (
-            f"{self.arch}-L{self.layers}-E{self.experts}-k{self.top_k}-D{self.embd}-F{self.ff}"
+            f"{self.arch}-L{self.layers}-E{self.experts}-k{self.top_k}-D{self.embd}-F{self.ff}{shape}"
             f"-{self.dtype}-s{self.seed}{quant}-{recipe_digest()}"
         )
 

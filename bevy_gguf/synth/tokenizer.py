@@ -30,11 +30,14 @@ class Vocab:
     unk: int = 0
 
 
-def build_vocab() -> Vocab:
+def build_vocab(size: int = N_VOCAB) -> Vocab:
+    """The vocabulary, padded with unused tokens to `size` (a real model's vocabulary size)."""
     t = gguf.TokenType
+    pad = size - N_VOCAB
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [SPACE_PIECE]
-    types = [t.UNKNOWN, t.CONTROL, t.CONTROL] + [t.BYTE] * 256 + [t.NORMAL]
-    return Vocab(tokens=tokens, scores=[0.0] * N_VOCAB, types=[int(x) for x in types])
+    tokens += [f"<unused{i}>" for i in range(pad)]
+    types = [t.UNKNOWN, t.CONTROL, t.CONTROL] + [t.BYTE] * 256 + [t.NORMAL] + [t.UNUSED] * pad
+    return Vocab(tokens=tokens, scores=[0.0] * size, types=[int(x) for x in types])
 
 
 def byte_class(b: int) -> str:

@@ -1,11 +1,12 @@
-"""Writes a generated model as a GGUF that stock llama.cpp loads: qwen3moe, qwen2moe, mixtral;
-with --quantize, passed through stock llama-quantize (the user's quantization mixes)."""
+"""Writes a generated model as a GGUF that stock llama.cpp loads (qwen3moe, qwen2moe, mixtral,
+glm4moe, gpt-oss), streamed a chunk at a time; with --quantize, passed through stock
+llama-quantize (the user's quantization mixes)."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -14,8 +15,8 @@ from tqdm import tqdm
 
 from bevy_gguf.errors import BevyError
 from bevy_gguf.paths import tool_path
-from bevy_gguf.synth.recipe import Recipe
 from bevy_gguf.synth.spec import ModelSpec
+from bevy_gguf.synth.tensors import plan
 from bevy_gguf.synth.tokenizer import build_vocab
 
 CONTEXT_LENGTH = 4096
@@ -28,55 +29,26 @@ RMS_EPS = 1e-6
 DATA_ALIGNMENT = 4096
 
 # llama.cpp stores Mixtral as 'llama' with expert tensors
-GGUF_ARCH = {"qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "mixtral": "llama"}
+GGUF_ARCH = {"qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "mixtral": "llama", "glm4moe": "glm4moe",
+             "gpt-oss": "gpt-oss"}
+SLIDING_WINDOW = 128  # gpt-oss's: every other layer attends to the last 128 positions
 QTYPE = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
 FILE_TYPE = {"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
 
-Tensor = tuple[str, np.ndarray, bool]  # name, data, keep in f32
-
-
-def _tensors(spec: ModelSpec, recipe: Recipe) -> Iterator[Tensor]:
-    """Every tensor of the model in file order, drawn one layer at a time."""
-    d = spec.embd
-    ones = np.ones(d, dtype=np.float32)
-    yield "token_embd.weight", recipe.token_embd(), False
-    yield "output_norm.weight", ones, True
-    yield "output.weight", recipe.output(), False
-    for il in range(spec.layers):
-        blk = f"blk.{il}"
-        attn = recipe.attention(il)
-        yield f"{blk}.attn_norm.weight", ones, True
-        for name in ("q", "k", "v"):
-            yield f"{blk}.attn_{name}.weight", attn[name], False
-        yield f"{blk}.attn_output.weight", attn["o"], False
-        if spec.arch == "qwen3moe":
-            yield f"{blk}.attn_q_norm.weight", np.ones(spec.head_dim, dtype=np.float32), True
-            yield f"{blk}.attn_k_norm.weight", np.ones(spec.head_dim, dtype=np.float32), True
-        yield f"{blk}.ffn_norm.weight", ones, True
-        yield f"{blk}.ffn_gate_inp.weight", recipe.router(il), True
-        experts = recipe.experts(il)
-        for name in ("gate", "up", "down"):
-            yield f"{blk}.ffn_{name}_exps.weight", experts.pop(name), False
-        if spec.arch == "qwen2moe":
-            shexp = recipe.shared_expert(il)
-            yield f"{blk}.ffn_gate_inp_shexp.weight", shexp["gate_inp"], True
-            for name in ("gate", "up", "down"):
-                yield f"{blk}.ffn_{name}_shexp.weight", shexp[name], False
-
-
 def _add_metadata(w: gguf.GGUFWriter, spec: ModelSpec) -> None:
-    vocab = build_vocab()
+    vocab = build_vocab(spec.n_vocab)
     w.add_name(f"bevy-gguf generated {spec.key}")
     w.add_file_type(FILE_TYPE[spec.dtype])
     w.add_block_count(spec.layers)
     w.add_context_length(CONTEXT_LENGTH)
     w.add_embedding_length(spec.embd)
-    w.add_feed_forward_length(spec.ff)
+    w.add_feed_forward_length(spec.dense_width if spec.dense_layers else spec.ff)
     w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
     w.add_key_length(spec.head_dim)
     w.add_value_length(spec.head_dim)
-    w.add_rope_dimension_count(spec.head_dim)
+    # GLM rotates half of each head (partial_rotary_factor 0.5); the others all of it
+    w.add_rope_dimension_count(spec.head_dim // 2 if spec.arch == "glm4moe" else spec.head_dim)
     w.add_rope_freq_base(ROPE_FREQ_BASE)
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_expert_count(spec.experts)
@@ -84,7 +56,15 @@ def _add_metadata(w: gguf.GGUFWriter, spec: ModelSpec) -> None:
     if spec.arch != "mixtral":
         w.add_expert_feed_forward_length(spec.ff)
     if spec.arch == "qwen2moe":
-        w.add_expert_shared_feed_forward_length(spec.ff)
+        w.add_expert_shared_feed_forward_length(spec.shared_width)
+    if spec.arch == "glm4moe":
+        w.add_expert_shared_count(1 if spec.shared_width else 0)
+        w.add_leading_dense_block_count(spec.dense_layers)
+        w.add_expert_weights_scale(1.0)
+        w.add_expert_weights_norm(True)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    if spec.arch == "gpt-oss":
+        w.add_sliding_window(SLIDING_WINDOW)
     w.add_vocab_size(len(vocab.tokens))
     w.add_tokenizer_model("llama")
     w.add_token_list(vocab.tokens)
@@ -105,13 +85,16 @@ def _add_metadata(w: gguf.GGUFWriter, spec: ModelSpec) -> None:
             w.add_string(f"bevy.{key}", str(value))
 
 
-def _encode(data: np.ndarray, dtype: str, keep_f32: bool) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
-    if keep_f32:
-        return data.astype(np.float32), gguf.GGMLQuantizationType.F32
-    qtype = QTYPE[dtype]
+def _qtype(spec: ModelSpec, keep_f32: bool) -> gguf.GGMLQuantizationType:
+    return gguf.GGMLQuantizationType.F32 if keep_f32 else QTYPE[spec.dtype]
+
+
+def _encode(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    if qtype == gguf.GGMLQuantizationType.F32:
+        return np.ascontiguousarray(data, dtype=np.float32)
     if qtype == gguf.GGMLQuantizationType.F16:
-        return data.astype(np.float16), qtype
-    return gguf.quants.quantize(data.astype(np.float32), qtype), qtype
+        return data.astype(np.float16)
+    return gguf.quants.quantize(np.asarray(data, dtype=np.float32), qtype)
 
 
 def write_model(spec: ModelSpec, out: Path, progress: bool = True) -> None:
@@ -154,21 +137,39 @@ def quantize(src: Path, dst: Path, spec: ModelSpec, n_threads: int) -> None:
 
 
 def _write_base(spec: ModelSpec, tmp: Path, progress: bool, alignment: int | None) -> None:
-    """The generated model (F16/Q8_0 experts) into tmp (alignment None: gguf's default)."""
-    recipe = Recipe(spec)
+    """The generated model (F16/Q8_0 experts) into tmp (alignment None: gguf's default): the
+    header from the tensors' shapes, then each tensor drawn and written a chunk at a time."""
+    tensors = plan(spec)
     w = gguf.GGUFWriter(tmp, GGUF_ARCH[spec.arch])
     if alignment is not None:
         w.add_custom_alignment(alignment)
     _add_metadata(w, spec)
-    encoded: list[tuple[str, np.ndarray, gguf.GGMLQuantizationType]] = []
-    for name, tensor, keep_f32 in tqdm(_tensors(spec, recipe), desc=f"make-model {spec.key}", unit="tensor",
-                                       disable=not progress, leave=False):
-        data, qtype = _encode(tensor, spec.dtype, keep_f32)
-        encoded.append((name, data, qtype))
-        w.add_tensor_info(name, data.shape, data.dtype, data.nbytes, raw_dtype=qtype)
+    sizes = []
+    for t in tensors:
+        qtype = _qtype(spec, t.keep_f32)
+        if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            dtype = np.float32 if qtype == gguf.GGMLQuantizationType.F32 else np.float16
+            shape, nbytes = t.shape, math.prod(t.shape) * np.dtype(dtype).itemsize
+        else:
+            dtype, shape = np.uint8, gguf.quants.quant_shape_to_byte_shape(t.shape, qtype)
+            nbytes = math.prod(shape)
+        w.add_tensor_info(t.name, shape, np.dtype(dtype), nbytes, raw_dtype=qtype)
+        sizes.append(nbytes)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for _, data, _ in encoded:
-        w.write_tensor_data(data)
+    fout = w.fout[0]
+    w.write_padding(fout, fout.tell())
+    with tqdm(total=sum(sizes), desc=f"make-model {spec.key}", unit="B", unit_scale=True,
+              disable=not progress, leave=False) as bar:
+        for t, nbytes in zip(tensors, sizes):
+            qtype, written = _qtype(spec, t.keep_f32), 0
+            for chunk in t.draw():
+                data = _encode(chunk, qtype)
+                fout.write(data.tobytes())
+                written += data.nbytes
+                bar.update(data.nbytes)
+            if written != nbytes:
+                raise AssertionError(f"{t.name}: wrote {written} bytes, planned {nbytes}")
+            w.write_padding(fout, nbytes)
     w.close()

@@ -116,6 +116,7 @@ BEVY_API int32_t     bevy_link_read(bevy_link * link, uint64_t offset, uint64_t 
 
 #define BEVY_MAX_KINDS 8
 #define BEVY_MAX_CLASSES 16
+#define BEVY_DENSE_LAYER (-1) // layer_class of a layer without routed experts (a dense leading layer)
 
 enum bevy_policy {
     BEVY_POLICY_LRU      = 0, // reference
@@ -136,7 +137,7 @@ typedef struct bevy_cache_params {
     int32_t  n_classes;                   // slot classes; 0: one, of kind_bytes and n_slots
     int64_t  class_slots[BEVY_MAX_CLASSES];                     // slots of each class (their sum: n_slots)
     uint64_t class_kind_bytes[BEVY_MAX_CLASSES][BEVY_MAX_KINDS]; // bytes of one expert of each kind, per class
-    const int32_t * layer_class;          // n_layer entries: each layer's class (copied; NULL: every layer class 0)
+    const int32_t * layer_class;          // n_layer entries: each layer's class, or BEVY_DENSE_LAYER (copied; NULL: every layer class 0)
 } bevy_cache_params;
 
 // The counters, X(name, what): per layer unless "totals only"; bevy_counter_name(i) names the

@@ -72,6 +72,10 @@ bool ExpertCache::make_classes(std::string & err) {
     }
     for (int32_t il = 0; il < cfg_.n_layer; ++il) {
         const int32_t c = layer_class_[il];
+        if (c == BEVY_DENSE_LAYER) { // no routed experts (a dense leading layer): no slots, no lookups
+            dir_.set_layer_slots(il, 0, 0);
+            continue;
+        }
         if (c < 0 || c >= n) {
             err = "layer " + std::to_string(il) + " has slot class " + std::to_string(c) + ", outside [0, " + std::to_string(n) + ")";
             return false;
@@ -273,6 +277,10 @@ int32_t ExpertCache::acquire(const AcquireRequest & req, int64_t * slots, std::v
 bool ExpertCache::valid_layer(int32_t il, std::string & err) const {
     if (il < 0 || il >= cfg_.n_layer) {
         err = "layer " + std::to_string(il) + " is outside the cache's " + std::to_string(cfg_.n_layer) + " layers";
+        return false;
+    }
+    if (layer_class_[il] == BEVY_DENSE_LAYER) {
+        err = "layer " + std::to_string(il) + " has no routed experts (a dense layer)";
         return false;
     }
     return true;

@@ -43,7 +43,10 @@ def test_two_passes_are_bit_identical_to_stock(tmp_path: Path, tiny_model: Path,
     assert result["error"] is None
     assert np.array_equal(stock, cached)
     c = result["counters"]
-    assert c["second_pass"] > 0 and c["second_pass"] <= c["misses"]  # misses computed after their loads
+    if inspect_model(tiny_model).arch == "gpt-oss":  # expert biases: both passes would add them, so one pass
+        assert c["second_pass"] == 0
+    else:
+        assert c["second_pass"] > 0 and c["second_pass"] <= c["misses"]  # misses computed after their loads
 
 
 def test_a_batch_that_cannot_fit_fails_with_a_clear_error(tmp_path: Path, qwen3_tiny: Path) -> None:

@@ -7,12 +7,15 @@ from pathlib import Path
 
 import gguf
 import pytest
-from conftest import quant_spec, run_cli, run_json, tiny_spec
+from conftest import quant_spec, run_cli, run_json, run_probe, tiny_spec
 
 from bevy_gguf.errors import BevyError
 from bevy_gguf.gguf_info import inspect_model
-from bevy_gguf.synth import ensure_model
+from bevy_gguf.synth import ensure_model, recipe, tensors
+from bevy_gguf.synth.presets import PRESETS, preset_spec
 from bevy_gguf.synth.spec import ModelSpec
+from bevy_gguf.synth.tensors import n_params
+from bevy_gguf.synth.tokenizer import N_VOCAB
 from bevy_gguf.synth.writer import write_model
 
 
@@ -29,16 +32,67 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
     assert sha(a) == sha(b) != sha(c)
 
 
-@pytest.mark.parametrize("arch,gguf_arch", [("qwen3moe", "qwen3moe"), ("qwen2moe", "qwen2moe"), ("mixtral", "llama")])
+@pytest.mark.parametrize("arch,gguf_arch", [("qwen3moe", "qwen3moe"), ("qwen2moe", "qwen2moe"), ("mixtral", "llama"),
+                                            ("glm4moe", "glm4moe"), ("gpt-oss", "gpt-oss")])
 def test_metadata_and_tensors(arch: str, gguf_arch: str) -> None:
-    path = ensure_model(tiny_spec(arch), progress=False)
+    spec = tiny_spec(arch)
+    path = ensure_model(spec, progress=False)
     info = inspect_model(path)
-    assert (info.arch, info.n_layer, info.n_expert, info.n_expert_used, info.n_embd) == (gguf_arch, 2, 8, 2, 64)
+    assert (info.arch, info.n_layer, info.n_expert, info.n_expert_used) == (gguf_arch, spec.layers, 8, 2)
+    assert info.n_embd == 64
     assert {t.kind for t in info.expert_tensors} == {"gate", "up", "down"}
     assert all(t.ggml_type == "Q8_0" and t.n_expert == 8 for t in info.expert_tensors)
     names = {t.name for t in gguf.GGUFReader(path).tensors}
-    assert ("blk.0.ffn_up_shexp.weight" in names) == (arch == "qwen2moe")
-    assert ("blk.0.attn_q_norm.weight" in names) == (arch == "qwen3moe")
+    last = f"blk.{spec.layers - 1}"
+    assert (f"{last}.ffn_up_shexp.weight" in names) == (arch in ("qwen2moe", "glm4moe"))
+    assert (f"{last}.attn_q_norm.weight" in names) == (arch == "qwen3moe")
+    assert (f"{last}.attn_sinks.weight" in names) == (f"{last}.ffn_gate_exps.bias" in names) == (arch == "gpt-oss")
+    assert (f"{last}.exp_probs_b.bias" in names) == (arch == "glm4moe")
+    # glm4moe: a dense leading layer, as GLM-4.5 has; the hook and the cache skip it
+    assert info.moe_layers == list(range(spec.dense_layers, spec.layers))
+    assert ("blk.0.ffn_gate.weight" in names) == (arch == "glm4moe") != ("blk.0.ffn_gate_exps.weight" in names)
+
+
+def test_parameter_count_is_stocks(tiny_model: Path) -> None:
+    """n_params (what presets are held to) counts what stock llama.cpp loads."""
+    reader = gguf.GGUFReader(tiny_model)
+    field = {k: reader.fields[f"bevy.{k}"].contents() for k in ModelSpec.__dataclass_fields__
+             if f"bevy.{k}" in reader.fields}
+    spec = ModelSpec(**field)
+    assert run_probe(tiny_model, script="params_probe.py") == {str(tiny_model): n_params(spec)}
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_presets_have_the_published_parameter_count(name: str) -> None:
+    preset = PRESETS[name]
+    assert abs(n_params(preset.spec) / preset.published_params - 1) < 0.01
+
+
+def test_a_shortened_preset_is_the_real_shape(tmp_path: Path) -> None:
+    """--preset NAME --layers N: the real widths, N layers; stock llama.cpp loads and runs it."""
+    spec = preset_spec("glm-4.5-air", 2, experts=8, vocab=0)
+    assert (spec.embd, spec.ff, spec.n_head, spec.n_head_kv, spec.head_dim) == (4096, 1408, 96, 8, 128)
+    assert (spec.layers, spec.dense_layers, spec.dense_ff) == (2, 1, 10944)
+    small = preset_spec("gpt-oss-20b", 1, embd=256, ff=256, heads=8, kv_heads=2, vocab=1000)
+    out = tmp_path / "gpt-oss.gguf"
+    proc = run_cli("make-model", out, "--preset", "gpt-oss-20b", "--layers", "1", "--embd", "256", "--ff", "256",
+                   "--heads", "8", "--kv-heads", "2", "--vocab", "1000")
+    assert small.key in proc.stdout and f"{n_params(small) / 1e9:.3f} B parameters" in proc.stdout
+    assert run_probe(out, script="params_probe.py") == {str(out): n_params(small)}
+    doc = run_json("run", out, "-p", "Hello", "--engine", "stock", "--parallel", "1", "-n", "3")
+    assert len(doc["requests"][0]["tokens"]) == 3
+
+
+def test_written_a_chunk_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer streams each tensor in chunks (bounded memory at full depth): the bytes do not
+    depend on the chunk size."""
+    spec = tiny_spec("glm4moe", vocab=N_VOCAB + 100)
+    whole, chunked = tmp_path / "whole.gguf", tmp_path / "chunked.gguf"
+    write_model(spec, whole, progress=False)
+    monkeypatch.setattr(recipe, "CHUNK_VALUES", 64 * 64)  # one expert, or 64 rows, per chunk
+    monkeypatch.setattr(tensors, "CHUNK_VALUES", 64 * 64)
+    write_model(spec, chunked, progress=False)
+    assert sha(whole) == sha(chunked)
 
 
 def test_tensor_data_starts_on_pages() -> None:
@@ -116,6 +170,9 @@ def test_llama_quantize_failure_is_one_line(tmp_path: Path) -> None:
     ({"tensor_types": ("ffn_down_exps=q6_k",)}, "needs --quantize"),
     ({"arch": "gpt2"}, "unknown arch"), ({"dtype": "q4_0"}, "unknown dtype"), ({"top_k": 9, "experts": 8}, "--top-k"),
     ({"embd": 100}, "--embd"), ({"ff": 16}, "--ff"), ({"layers": 0}, "--layers"),
+    ({"heads": 6, "kv_heads": 4}, "multiple of --kv-heads"), ({"head_size": 8}, "--head-size"),
+    ({"shared_ff": 64}, "has no shared expert"), ({"dense_layers": 1}, "no dense leading layers"),
+    ({"arch": "glm4moe", "dense_layers": 8}, "leaves no MoE layer"), ({"vocab": 10}, "--vocab"),
 ])
 def test_bad_spec(kw: dict, fragment: str) -> None:
     with pytest.raises(BevyError, match=fragment):

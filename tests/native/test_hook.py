@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from conftest import probe_logits, tiny_spec
 
+from bevy_gguf.gguf_info import inspect_model
 from bevy_gguf.synth import ensure_model
 
 
@@ -31,11 +32,16 @@ def test_identity_hook_is_bit_identical_and_sees_every_token(tmp_path: Path, tin
     assert np.array_equal(stock, traced)
     n_prompt = sum(result["prompt_tokens"])
     decode_rows = 3 * 4
-    # every layer but the last computes every token; the last only the rows that output logits
-    assert result["trace_rows"][:-1] == [n_prompt + decode_rows] * (len(result["trace_rows"]) - 1)
-    assert result["trace_rows"][-1] == 3 + decode_rows
-    for layer in result["trace_ids"]:
-        for row in layer:
+    moe = inspect_model(tiny_model).moe_layers
+    rows = result["trace_rows"]
+    # a dense layer has no hook; every MoE layer but the last computes every token; the last
+    # only the rows that output logits (gpt-oss's builder drops the others after the last layer)
+    assert [rows[il] for il in range(len(rows)) if il not in moe] == [0] * (len(rows) - len(moe))
+    assert [rows[il] for il in moe[:-1]] == [n_prompt + decode_rows] * (len(moe) - 1)
+    arch = inspect_model(tiny_model).arch
+    assert rows[moe[-1]] == (n_prompt if arch == "gpt-oss" else 3) + decode_rows
+    for il in moe:
+        for row in result["trace_ids"][il]:
             assert len(set(row)) == len(row) == 2 and all(0 <= e < 8 for e in row)
 
 

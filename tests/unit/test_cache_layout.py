@@ -6,15 +6,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from bevy_gguf.engine.cache_layout import CacheLayout, SlotClass
+from bevy_gguf.engine.cache_layout import DENSE, CacheLayout, SlotClass
 from bevy_gguf.errors import BevyError
 
 
 def info(down_bytes: list[int], n_expert: int = 16, top_k: int = 2, gate_bytes: int = 100) -> SimpleNamespace:
-    """A model whose layer il has gate and up experts of gate_bytes and down experts of down_bytes[il]."""
+    """A model whose layer il has gate and up experts of gate_bytes and down experts of
+    down_bytes[il] (0: a dense layer, without routed experts)."""
     tensors = []
     offset = 0
     for il, down in enumerate(down_bytes):
+        if not down:
+            continue
         for kind, per in (("gate", gate_bytes), ("up", gate_bytes), ("down", down)):
             tensors.append(SimpleNamespace(name=f"blk.{il}.ffn_{kind}_exps.weight", kind=kind, layer=il,
                                            n_expert=n_expert, nbytes=per * n_expert, offset=offset))
@@ -29,6 +32,18 @@ def test_layers_with_the_same_bytes_per_kind_share_a_class() -> None:
     assert layout.expert_bytes == 16 * (3 * 344 + 2 * 410)
     assert layout.layer_kind_bytes(3) == (100, 100, 210)
     assert CacheLayout.of(info([144] * 4)).slot_bytes == 344  # one class: its bytes
+
+
+def test_dense_layers_have_no_class_and_no_slots() -> None:
+    """GLM-4.5's and DeepSeek's leading dense layers: no experts to cache, the budget split over
+    the MoE layers only."""
+    layout = CacheLayout.of(info([0, 144, 144, 210]))
+    assert layout.layer_class == (DENSE, 0, 0, 1) and layout.moe_layers == (1, 2, 3)
+    assert layout.classes == (SlotClass((100, 100, 144), (1, 2)), SlotClass((100, 100, 210), (3,)))
+    assert layout.expert_bytes == 16 * (2 * 344 + 410)
+    assert layout.slot_bytes == layout.expert_bytes // (3 * 16)
+    assert layout.class_slots(layout.expert_bytes // 2) == (16, 8)
+    assert (0, 0) not in layout.sources and (1, 0) in layout.sources
 
 
 def test_each_class_gets_the_same_share_of_its_experts() -> None:

@@ -208,6 +208,21 @@ def test_a_call_goes_on_only_for_the_whole_lane_and_only_if_any_layer_fits_the_c
     assert call_end(Group((0,), 5), 1, 1, params, 2, 16, [0.0] * 8, costs=None, merge_misses=2.0) == 8
 
 
+def test_a_call_never_stops_at_a_dense_layer() -> None:
+    """A call ends with the lookahead of the layer it stops at, whose router reveals that layer's
+    experts; a dense layer (GLM's, DeepSeek's leading ones) has no router, so the call runs it."""
+    from bevy_gguf.engine.plan import call_end
+
+    params = PolicyParams(n_layer=6, max_tokens=64, max_experts=16, hold_decode=False, dense=frozenset({0, 1}))
+    # a new token: layers 0 and 1, then layer 2's router
+    assert call_end(Group((0,), FIRST), 2, 1, params, 2, 16, [1.0] * 6, costs=None) == 2
+    assert call_end(Group((0,), 2), 2, 1, params, 2, 16, [1.0] * 6, costs=None) == 3      # MoE layers: one at a time
+    middle = dataclasses.replace(params, dense=frozenset({3, 4}))
+    assert call_end(Group((0,), 2), 2, 1, middle, 2, 16, [1.0] * 6, costs=None) == 5
+    last = dataclasses.replace(params, dense=frozenset({5}))
+    assert call_end(Group((0,), 4), 2, 1, last, 2, 16, [1.0] * 6, costs=None) == 6        # on to the logits
+
+
 TWO_PASS = PolicyParams(n_layer=4, max_tokens=64, max_experts=16, hold_decode=False, two_pass=True)
 
 
