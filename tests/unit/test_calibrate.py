@@ -12,11 +12,12 @@ from bevy_gguf.engine import calibrate
 def cache(n_slots: int, n_layer: int = 8, n_expert: int = 64, top_k: int = 8,
           classes: tuple[tuple[int, ...], ...] | None = None, class_slots: tuple[int, ...] | None = None
           ) -> SimpleNamespace:
-    """A cache of one slot class (or of classes: their layers, and slots)."""
+    """A cache of one slot class (or of classes: their layers, and slots; a layer in none is dense)."""
     classes = classes or (tuple(range(n_layer)),)
-    layer_class = [next(c for c, layers in enumerate(classes) if il in layers) for il in range(n_layer)]
+    layer_class = [next((c for c, layers in enumerate(classes) if il in layers), -1) for il in range(n_layer)]
     layout = SimpleNamespace(n_layer=n_layer, n_expert=n_expert, top_k=top_k, layer_class=layer_class,
-                             classes=[SimpleNamespace(layers=layers) for layers in classes])
+                             classes=[SimpleNamespace(layers=layers) for layers in classes],
+                             moe_layers=tuple(il for il, c in enumerate(layer_class) if c >= 0))
     return SimpleNamespace(n_slots=n_slots, class_slots=class_slots or (n_slots,), layout=layout)
 
 
@@ -26,6 +27,8 @@ def test_a_whole_step_when_the_cache_holds_it_one_layer_when_it_holds_that_twice
     assert calibrate.calibration_layers(cache(128), n_seq=8) == 1   # 2 x 64
     assert calibrate.calibration_layers(cache(127), n_seq=8) == 0
     assert calibrate.calibration_layers(cache(32), n_seq=2) == 1    # 2 tokens: at most 16 experts a layer
+    dense_first = cache(128, classes=(tuple(range(1, 8)),))  # layer 0 dense: through layer 1
+    assert calibrate.calibration_layers(dense_first, n_seq=8) == 2
 
 
 def test_slot_classes_each_hold_their_layers_or_layer_0s_twice() -> None:
