@@ -109,23 +109,23 @@ class Recipe:
         emb = EMB_U * u[None, :] + EMB_TOPIC * topic @ t.T + EMB_ID * self.token_ids @ i.T
         return (emb * np.sqrt(self.spec.embd)).astype(np.float32)
 
-    def attention(self, layer: int) -> dict[str, np.ndarray]:
-        """q, k, v, o: zero queries and keys; v reads the topic, o writes it rotated into C (GQA:
-        head 0's KV head carries the topic, and every query head of its group reads it)."""
+    def attention(self, layer: int, key: str) -> np.ndarray:
+        """Attention weight `key` (q, k, v or o) of a layer: zero queries and keys; v reads the
+        topic, o writes it rotated into C (GQA: head 0's KV head carries the topic, and every
+        query head of its group reads it). Each is drawn alone (o's rotation has its own seed)."""
         s, d = self.spec, self.spec.embd
-        n_q, n_kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+        rows = {"q": s.n_head * s.head_dim, "k": s.n_head_kv * s.head_dim, "v": s.n_head_kv * s.head_dim}
         _, t, c, _ = self.basis
+        if key in ("q", "k"):
+            return np.zeros((rows[key], d), dtype=np.float32)
+        if key == "v":
+            wv = np.zeros((rows["v"], d))
+            wv[:TOPIC_DIMS, :] = t.T                       # head 0 carries the topic coordinates
+            return wv.astype(np.float32)
         rot, _ = np.linalg.qr(self.rng(f"blk.{layer}.attn_rot").standard_normal((TOPIC_DIMS, TOPIC_DIMS)))
-        wv = np.zeros((n_kv, d))
-        wv[:TOPIC_DIMS, :] = t.T                       # head 0 carries the topic coordinates
-        wo = np.zeros((d, n_q))
+        wo = np.zeros((d, rows["q"]))
         wo[:, :TOPIC_DIMS] = ATTN_CONTEXT_GAIN * c @ rot  # ... and writes them into the context
-        return {
-            "q": np.zeros((n_q, d), dtype=np.float32),
-            "k": np.zeros((n_kv, d), dtype=np.float32),
-            "v": wv.astype(np.float32),
-            "o": wo.astype(np.float32),
-        }
+        return wo.astype(np.float32)
 
     def router(self, layer: int) -> np.ndarray:
         """[E, D] router rows."""

@@ -71,7 +71,7 @@ def plan(spec: ModelSpec, recipe: Recipe | None = None) -> list[PlannedTensor]:
         blk = f"blk.{il}"
 
         def attn(key: str, il: int = il) -> Draw:
-            return _once(lambda: r.attention(il)[key])
+            return _once(lambda: r.attention(il, key))
 
         out.append(_fill(f"{blk}.attn_norm.weight", (d,), 1.0))
         for key, rows in (("q", n_q), ("k", n_kv), ("v", n_kv)):
