@@ -25,6 +25,7 @@ class ExpertTensor:
     nbytes: int
     n_expert: int      # size of the last dimension
     ggml_type: str
+    ne: tuple[int, int] = (0, 0)  # one expert's [ne0, ne1] (ggml order: row length, rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,7 @@ def inspect_model(path: str | Path, require_experts: bool = True) -> ModelInfo:
             experts.append(ExpertTensor(
                 name=t.name, layer=int(m.group(1)), kind=kind, offset=int(t.data_offset),
                 nbytes=int(t.n_bytes), n_expert=int(t.shape[-1]), ggml_type=t.tensor_type.name,
+                ne=(int(t.shape[0]), int(t.shape[1])),
             ))
     n_expert = int(_field(reader, f"{arch}.expert_count") or 0)
     if require_experts and (not experts or n_expert == 0):

@@ -198,6 +198,10 @@ class NativeCache:
         if lib.bevy_cache_set_source(self.handle, il, kind, offset) != 0:
             raise BevyError(lib.last_error())
 
+    def set_writer(self, il: int, kind: int, fn: int | None, ggml_type: int, ne0: int, ne1: int) -> None:
+        if lib.bevy_cache_set_writer(self.handle, il, kind, fn, ggml_type, ne0, ne1) != 0:
+            raise BevyError(lib.last_error())
+
     def slot_data(self, kind: int, slot_class: int = 0) -> int:
         ptr = lib.bevy_cache_class_data(self.handle, slot_class, kind)
         if not ptr:

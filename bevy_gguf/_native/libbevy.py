@@ -354,6 +354,16 @@ def bevy_cache_set_source(cache: BevyCache, il: int, kind: int, offset: int, /) 
     ...
 
 
+# int32_t bevy_cache_set_writer(bevy_cache * cache, int32_t il, int32_t kind, bevy_slot_writer_fn fn,
+#                               int32_t type, int64_t ne0, int64_t ne1);
+@_bind("bevy_cache_set_writer", [BevyCache, c_int32, c_int32, c_void_p, c_int32, c_int64, c_int64], c_int32)
+def bevy_cache_set_writer(cache: BevyCache, il: int, kind: int, fn: int | None, ggml_type: int, ne0: int, ne1: int,
+                          /) -> int:
+    """Experts of kind at layer il go through a staging buffer and fn(type, ne0, ne1, dst, src, nbytes)
+    into their slot (fn None: read straight in): 0, or -1 (out of range)."""
+    ...
+
+
 # void * bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind);
 @_bind("bevy_cache_class_data", [BevyCache, c_int32, c_int32], c_void_p)
 def bevy_cache_class_data(cache: BevyCache, c: int, kind: int, /) -> int | None:

@@ -9,7 +9,7 @@ on first use; on the stock build the first use is one clear error.
 from __future__ import annotations
 
 import ctypes
-from ctypes import POINTER, c_bool, c_char_p, c_int32, c_size_t, c_void_p
+from ctypes import POINTER, c_bool, c_char_p, c_int32, c_int64, c_size_t, c_uint64, c_void_p
 from functools import cache
 from types import ModuleType
 from typing import Any
@@ -21,7 +21,8 @@ class LlamaMoeCacheTensor(ctypes.Structure):
     """llama_moe_cache_tensor: one kind's slots (e.g. "gate" and its bytes) of one layer (il, or -1:
     every layer) for llama_set_moe_cache; n_slots 0: the call's."""
 
-    _fields_ = [("kind", c_char_p), ("data", c_void_p), ("nbytes", c_size_t), ("il", c_int32), ("n_slots", c_int32)]
+    _fields_ = [("kind", c_char_p), ("data", c_void_p), ("nbytes", c_size_t), ("il", c_int32), ("n_slots", c_int32),
+                ("repack", c_int32)]
 
 
 @cache
@@ -50,6 +51,23 @@ def set_moe_cache(llama_cpp: ModuleType, ctx: int, tensors: ctypes.Array, n_slot
     0, or non-zero when the model's experts do not match the tensors (llama.cpp's log says why)."""
     fn = _symbol(llama_cpp, "llama_set_moe_cache", (c_void_p, POINTER(LlamaMoeCacheTensor), c_int32, c_int32), c_int32)
     return fn(ctx, tensors, len(tensors), n_slots)
+
+
+def repacks(llama_cpp: ModuleType, ggml_type: int, ne0: int, ne1: int) -> bool:
+    """bool llama_moe_repacks(int32_t type, int64_t ne0, int64_t ne1);
+
+    Whether ggml-cpu has a repacked layout (faster kernels, as stock uses) for one such expert."""
+    return bool(_symbol(llama_cpp, "llama_moe_repacks", (c_int32, c_int64, c_int64), c_bool)(ggml_type, ne0, ne1))
+
+
+def write_repacked_fn(llama_cpp: ModuleType) -> int:
+    """The address of int32_t llama_moe_write_repacked(int32_t type, int64_t ne0, int64_t ne1, void * dst,
+                                                         const void * src, uint64_t nbytes);
+
+    (a libbevy slot writer: the upload workers call it, without the GIL)"""
+    fn = _symbol(llama_cpp, "llama_moe_write_repacked", (c_int32, c_int64, c_int64, c_void_p, c_void_p, c_uint64),
+                 c_int32)
+    return ctypes.cast(fn, c_void_p).value
 
 
 def set_two_pass(llama_cpp: ModuleType, ctx: int, two_pass: bool) -> None:

@@ -161,7 +161,7 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
         "stall_s": _median([c["stall_ns"] / 1e9 for c in counters]) if counters else None,
         "link_bounced": _median([c.get("link_bounced", 0) for c in counters]) if counters else None,
         "peak_rss_bytes": _median([r["peak_rss_bytes"] for r in ok]), "link": ok[0].get("link"),
-        "micro_batch": ok[0].get("micro_batch"),
+        "micro_batch": ok[0].get("micro_batch"), "repacked_expert_tensors": ok[0].get("repacked_expert_tensors"),
         "load_s": _median([r["load_s"] for r in ok if r.get("load_s")]),
         "cost_model": ok[-1].get("cost_model") or None,  # the last run's fit, per lane
         "lanes": [r.get("lanes") for r in ok] if ok[0].get("lanes") else None,

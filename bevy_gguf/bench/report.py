@@ -52,8 +52,8 @@ def markdown(report: dict[str, Any], command: str) -> str:
         + (SERVE_WINDOW_NOTE if p["workload"] == "serve" else "."),
         "Weight layouts: stock-resident as stock runs by default (repackable weights, e.g. Q4_0 and Q4_K "
         "on AVX2, copied into ggml-cpu's interleaved layouts); stock-offload with --no-repack (every weight "
-        "read through the mapping); bevy-gguf's dense weights as stock-resident's, its cache slots the "
-        "file's bytes.",
+        "read through the mapping); bevy-gguf's dense weights as stock-resident's, and its cache slots "
+        "in the same repacked layout where stock repacks (the rest the file's bytes)" + _repacked(report) + ".",
         "",
         "| system | cache | " + ("link | " if sweep else "") + "tok/s | % of bound | TPOT p50 / p99 ms | TTFT ms | "
         "hit rate | MB loaded | compute / link busy s | link util | link GB/s while busy | overlap eff. | "
@@ -135,6 +135,12 @@ def markdown(report: dict[str, Any], command: str) -> str:
               " time at least one graph computes; link busy = time at least one transfer is in flight; overlap "
               "efficiency = max(compute busy, link busy) / decode wall time.", ""]
     return "\n".join(lines)
+
+
+def _repacked(report: dict[str, Any]) -> str:
+    """How many expert tensors bevy-gguf's runs served from repacked slots, as they reported it."""
+    seen = sorted({tuple(r["repacked_expert_tensors"]) for r in report["runs"] if r.get("repacked_expert_tensors")})
+    return f": {seen[0][0]} of {seen[0][1]} expert tensors repacked" if len(seen) == 1 else ""
 
 
 def _workload(p: dict[str, Any]) -> str:

@@ -73,7 +73,8 @@ class LLMEngine:
             if not self.stock:
                 self.cache = ExpertCache(self.info, config.cache_bytes(self.info.expert_bytes), config.link_spec,
                                          policy=config.eviction, n_workers=config.link_workers,
-                                         wait_timeout_s=config.wait_timeout_s, seed=config.seed)
+                                         wait_timeout_s=config.wait_timeout_s, seed=config.seed,
+                                         repack=self.lib if config.repack else None)
         except BaseException:
             self.model.close()
             raise
@@ -181,6 +182,7 @@ class LLMEngine:
         return {"scheduler": self.scheduler.name, "scheduler_note": self.scheduler_note,
                 "link": c.link_name, "bytes": c.budget_bytes, "slots": c.n_slots,
                 "class_slots": list(c.class_slots), "wasted_bytes": c.wasted_bytes,
+                "repacked": len(c.repacked), "expert_tensors": len(self.info.expert_tensors),
                 "micro_batch": self.runner.micro_batch if self.runner else None, "decode": stats.decode_counters,
                 "total": c.counters(), "layers": [c.counters(il) for il in range(self.info.n_layer)],
                 "events": c.events() if events else [], "load_s": c.load_s(),

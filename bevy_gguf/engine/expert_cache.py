@@ -9,6 +9,9 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import ModuleType
+
+import gguf
 
 from bevy_gguf._native import libbevy, llama_ext
 from bevy_gguf._native.bevy_handles import Flights, Hook, Link, NativeCache
@@ -34,7 +37,11 @@ class ExpertCache:
     """A native expert cache over a link; hands a hook to every context that uses it."""
 
     def __init__(self, info: ModelInfo, budget_bytes: int, link: LinkSpec, policy: str = "next-use",
-                 n_workers: int = 4, wait_timeout_s: float = 300.0, seed: int = 0) -> None:
+                 n_workers: int = 4, wait_timeout_s: float = 300.0, seed: int = 0,
+                 repack: ModuleType | None = None) -> None:
+        """repack: the patched llama_cpp whose CPU kernels read the slots; experts of types it repacks
+        (Q4_0, Q4_K, IQ4_NL, MXFP4 with AVX2) are laid out as stock lays out repacked weights, so the
+        cache runs stock's kernels (llama.cpp's default; None: the file's bytes, as --no-repack)."""
         self.layout = layout = CacheLayout.of(info)
         if len(layout.kinds) > libbevy.MAX_KINDS:
             raise BevyError(f"{len(layout.kinds)} expert tensor kinds: at most {libbevy.MAX_KINDS} are supported")
@@ -73,6 +80,19 @@ class ExpertCache:
         self.native: NativeCache | None = NativeCache(params, link_handle)
         for (il, kind), offset in layout.sources.items():
             self.native.set_source(il, kind, offset)
+        self.repack = repack is not None
+        self.repacked = self._repack_slots(info, repack) if repack is not None else ()
+
+    def _repack_slots(self, info: ModelInfo, llama_cpp: ModuleType) -> tuple[str, ...]:
+        """Have the upload workers write the experts that ggml-cpu repacks in its layout; their names."""
+        writer = llama_ext.write_repacked_fn(llama_cpp)
+        names = []
+        for t in info.expert_tensors:
+            type_id = gguf.GGMLQuantizationType[t.ggml_type].value
+            if llama_ext.repacks(llama_cpp, type_id, *t.ne):
+                self.native.set_writer(t.layer, self.layout.kinds.index(t.kind), writer, type_id, *t.ne)
+                names.append(t.name)
+        return tuple(names)
 
     # -- contexts ------------------------------------------------------------------------
 
@@ -112,6 +132,7 @@ class ExpertCache:
             for i, (kind, nbytes) in enumerate(zip(layout.kinds, layout.classes[c].kind_bytes)):
                 t = tensors[n * len(layout.kinds) + i]
                 t.kind, t.il, t.n_slots = kind.encode(), il, self.class_slots[c]
+                t.repack = int(self.repack)  # the patch repacks exactly where _repack_slots set a writer
                 t.data = self.native.slot_data(i, c)
                 t.nbytes = nbytes * self.class_slots[c]
         if llama_ext.set_moe_cache(ctx.lib, ctx.ptr, tensors, max(self.class_slots)) != 0:

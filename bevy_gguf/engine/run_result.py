@@ -45,6 +45,8 @@ class RunResult:
                       "expert_cache_slots": self.cache["slots"], "micro_batch": self.cache["micro_batch"],
                       "slot_classes": self.cache["class_slots"],
                       "expert_cache_wasted_bytes": self.cache["wasted_bytes"],
+                      # expert tensors whose slots are in ggml-cpu's repacked layout (as stock repacks them)
+                      "repacked_expert_tensors": f"{self.cache['repacked']} of {self.cache['expert_tensors']}",
                       "total": self.cache["total"], "link_load_s": self.cache["load_s"],
                       "cost_model": self.cache["cost_model"], "lane_seconds": self.cache["lane_seconds"]}
             stats |= {key: self.cache[key] for key in RUNNER_STATS}

@@ -174,6 +174,14 @@ BEVY_API bevy_cache * bevy_cache_new(const bevy_cache_params * params, bevy_link
 BEVY_API void         bevy_cache_free(bevy_cache * cache);
 // expert e of kind k at layer il lies at offset + e * (bytes of kind k in il's class) of the slow tier
 BEVY_API int32_t      bevy_cache_set_source(bevy_cache * cache, int32_t il, int32_t kind, uint64_t offset);
+// A slot layout other than the file's (ggml-cpu's repacked one: llama_moe_write_repacked has this
+// signature): writes one expert, a [ne0, ne1] matrix of ggml type `type` whose file bytes are at
+// src, into dst; 0, or -1 on failure.
+typedef int32_t (*bevy_slot_writer_fn)(int32_t type, int64_t ne0, int64_t ne1, void * dst, const void * src, uint64_t nbytes);
+// experts of kind k at layer il are read into a staging buffer of the worker and written into their
+// slot by fn (NULL: read straight into the slot, the default); set before any load
+BEVY_API int32_t      bevy_cache_set_writer(bevy_cache * cache, int32_t il, int32_t kind, bevy_slot_writer_fn fn,
+                                            int32_t type, int64_t ne0, int64_t ne1);
 // the slots of kind k of class c; NULL on a bad class or kind
 BEVY_API void *       bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind);
 // layer il's counters (il = -1: totals); -1 on a bad layer

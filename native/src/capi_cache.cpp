@@ -73,6 +73,17 @@ int32_t bevy_cache_set_source(bevy_cache * cache, int32_t il, int32_t kind, uint
     return 0;
 }
 
+int32_t bevy_cache_set_writer(bevy_cache * cache, int32_t il, int32_t kind, bevy_slot_writer_fn fn,
+                              int32_t type, int64_t ne0, int64_t ne1) {
+    const auto & cfg = cache->cache->config();
+    if (il < 0 || il >= cfg.n_layer || kind < 0 || kind >= cfg.n_kinds) {
+        last_error() = "bevy_cache_set_writer: layer or kind out of range";
+        return -1;
+    }
+    cache->cache->set_writer(il, kind, {fn, type, ne0, ne1});
+    return 0;
+}
+
 void * bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind) {
     if (c < 0 || c >= cache->cache->n_classes() || kind < 0 || kind >= cache->cache->config().n_kinds) {
         last_error() = "bevy_cache_class_data: class or kind out of range";

@@ -13,6 +13,7 @@ constexpr uint64_t kSlotAlign = 4096;
 
 ExpertCache::ExpertCache(const CacheConfig & cfg, Link * link, std::string & err)
     : cfg_(cfg), link_(link), sources_((size_t) cfg.n_layer * std::max(cfg.n_kinds, 1), 0),
+      writers_(sources_.size()),
       dir_(cfg.n_layer, cfg.n_expert, cfg.n_slots, cfg.policy, cfg.seed),
       layer_counters_(cfg.n_layer), used_(cfg.n_expert, 0), load_errors_(cfg.n_slots),
       requested_((size_t) std::max(cfg.n_layer, 0) * std::max(cfg.n_expert, 0), 0) {
@@ -85,6 +86,23 @@ bool ExpertCache::make_classes(std::string & err) {
     return true;
 }
 
+// this thread's staging buffer for an expert that a slot writer lays out (aligned for O_DIRECT reads)
+void * ExpertCache::staging_buffer(uint64_t nbytes) {
+    struct Staging {
+        void *   data = nullptr;
+        uint64_t size = 0;
+        ~Staging() { std::free(data); }
+    };
+    thread_local Staging buf;
+    if (buf.size < nbytes) {
+        std::free(buf.data);
+        const uint64_t size = (nbytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+        buf.data = std::aligned_alloc(kSlotAlign, size);
+        buf.size = buf.data ? size : 0;
+    }
+    return buf.data;
+}
+
 ExpertCache::~ExpertCache() {
     queue_.reset(); // joins the workers before the memory they write goes away
     for (void * mem : memory_) {
@@ -106,7 +124,19 @@ bool ExpertCache::load(const LoadJob & queued, int32_t worker) {
         const uint64_t nbytes = sc.kind_bytes[k];
         const uint64_t offset = sources_[(size_t) job.layer * cfg_.n_kinds + k] + (uint64_t) job.expert * nbytes;
         char * dst = static_cast<char *>(slot_data(c, k)) + (uint64_t) (job.slot - sc.first) * nbytes;
-        ok = link_->read(offset, nbytes, dst, err);
+        const SlotWriter & w = writers_[(size_t) job.layer * cfg_.n_kinds + k];
+        if (!w.fn) {
+            ok = link_->read(offset, nbytes, dst, err);
+            continue;
+        }
+        void * staging = staging_buffer(nbytes);
+        ok = staging && link_->read(offset, nbytes, staging, err);
+        if (!staging) {
+            err = "no memory for a staging buffer of " + std::to_string(nbytes) + " bytes";
+        } else if (ok && w.fn(w.type, w.ne0, w.ne1, dst, staging, nbytes) != 0) {
+            err = "laying out kind " + std::to_string(k) + " in its slot failed";
+            ok = false;
+        }
     }
     events_.add({kEventLoad, worker, job.layer, job.expert, t0, now_ns()});
     {

@@ -65,6 +65,14 @@ public:
 
     // expert e of kind k at layer il lies at offset + e * (kind k's bytes in il's class) in the slow tier
     void  set_source(int32_t il, int32_t kind, uint64_t offset) { sources_[(size_t) il * cfg_.n_kinds + kind] = offset; }
+    // how experts of kind k at layer il reach their slot: read straight in (fn NULL) or through fn
+    struct SlotWriter {
+        bevy_slot_writer_fn fn = nullptr;
+        int32_t type = 0;
+        int64_t ne0  = 0;
+        int64_t ne1  = 0;
+    };
+    void  set_writer(int32_t il, int32_t kind, const SlotWriter & w) { writers_[(size_t) il * cfg_.n_kinds + kind] = w; }
     void * slot_data(int32_t c, int32_t kind) const { return memory_[(size_t) c * cfg_.n_kinds + kind]; }
     int32_t n_classes() const { return (int32_t) classes_.size(); }
     // the first slot of layer il's class: the tensors of il's layout index slots from there
@@ -143,6 +151,7 @@ private:
     int32_t wait_loaded_locked(std::unique_lock<std::mutex> & lock, int32_t il, const int64_t * slots, int32_t n,
                                std::chrono::steady_clock::time_point deadline, std::string & err);
     bool load(const LoadJob & job, int32_t worker); // false: nothing to load after all
+    static void * staging_buffer(uint64_t nbytes); // per thread, for slot writers
     // A scheduler's load (queued without a slot, so that it evicts nothing while it waits its
     // turn): choose its slot now, reserved for the scheduler until its next refresh if that
     // refresh still wants it (so an owner never reserves more than its admitted flights need,
@@ -169,6 +178,7 @@ private:
     std::vector<int32_t>    layer_class_; // per layer
     std::vector<void *>     memory_;   // per (class, kind): its slots * its kind bytes
     std::vector<uint64_t>   sources_;  // per (layer, kind)
+    std::vector<SlotWriter> writers_;  // per (layer, kind)
 
     mutable std::mutex      mutex_;
     std::condition_variable changed_;  // a slot became ready, failed, or was unpinned

@@ -26,11 +26,7 @@ MIXES = [("Q4_K_M", ()), ("Q5_K_M", ()), ("Q3_K_M", ()), ("IQ4_XS", ()), ("Q4_0"
          ("Q4_K_M", ("blk.0.ffn_up_exps=q8_0", "ffn_gate_exps=iq4_nl"))]
 N_TOKENS = 8
 FA = ("-fa", "off")
-# types whose experts stock llama.cpp repacks on x86 with AVX2 (and on ARM) into interleaved
-# layouts with kernels of their own (ggml-cpu's repack buffer type: Q4_0 -> q4_0_8x8), while
-# the cache's slots hold the file's bytes: until the slots are repacked too, blocking unsplit
-# is held to the margin rule on these, not to the bit (measured: Q4_0 qwen3moe differs)
-REPACKED_BY_STOCK = {"Q4_0"}
+
 
 
 def mix_id(mix: tuple[str, tuple[str, ...]]) -> str:
@@ -61,17 +57,14 @@ def margin_ok(ref: dict, got: dict, what: str) -> None:
 
 def stock_and_unsplit(model: Path) -> tuple[dict, dict]:
     """(stock batched, stock --parallel 1) of the prompts, after checking blocking unsplit against
-    stock batched: exactly, or by the margin rule on the types stock repacks."""
-    types = {t.ggml_type for t in inspect_model(model).expert_tensors}
+    stock batched, exactly (also on the types stock repacks, Q4_0 -> q4_0_8x8 with AVX2: the
+    slots are repacked the same way and run the same kernels)."""
     args = [a for p in PROMPTS for a in ("-p", p)]
     batched = run_json("run", model, "--engine", "stock", "--parallel", "8", "-n", str(N_TOKENS), *FA, *args)
     alone = run_json("run", model, "--engine", "stock", "--parallel", "1", "-n", str(N_TOKENS), *FA, *args)
     unsplit = run_json("run", model, "--scheduler", "blocking", "--expert-cache", "100%", "--parallel", "8",
                        "-n", str(N_TOKENS), *FA, *args)
-    if types & REPACKED_BY_STOCK:
-        margin_ok(batched, unsplit, "blocking unsplit (stock repacks these experts)")
-    else:
-        assert texts(unsplit) == texts(batched)  # blocking unsplit = stock batched, exactly
+    assert texts(unsplit) == texts(batched)  # blocking unsplit = stock batched, exactly
     return batched, alone
 
 
@@ -84,7 +77,6 @@ def test_the_mixes_have_what_they_test() -> None:
 
 
 def test_every_scheduler_on_the_mix(tmp_path: Path, quant_model: Path) -> None:
-    types = {t.ggml_type for t in inspect_model(quant_model).expert_tensors}
     batched, alone = stock_and_unsplit(quant_model)
     spec = {"prompts": PROMPTS, "max_tokens": N_TOKENS, "flash_attn": "off"}
     for cache in ("25%", minimum(quant_model)):
@@ -97,10 +89,7 @@ def test_every_scheduler_on_the_mix(tmp_path: Path, quant_model: Path) -> None:
         margin_ok(alone, bevy, f"bevy at {cache}")
     for cache, parallel in (("100%", 8), ("25%", 2), (minimum(quant_model), 1)):  # contexts the classes hold
         ctx = probe(quant_model, "bevy-ctx", cache, parallel, tmp_path, **spec)
-        if types & REPACKED_BY_STOCK:
-            margin_ok(alone, ctx, f"bevy-ctx at {cache} (stock repacks these experts)")
-        else:  # = stock --parallel 1, exactly
-            assert texts(ctx) == texts(alone), f"bevy-ctx at {cache}, {parallel} contexts"
+        assert texts(ctx) == texts(alone), f"bevy-ctx at {cache}, {parallel} contexts"  # = stock --parallel 1
 
 
 @pytest.mark.parametrize("mix", MIXES, ids=mix_id)
