@@ -80,3 +80,14 @@ def test_a_layer_missing_a_kind_is_refused() -> None:
     bad.expert_tensors = [t for t in bad.expert_tensors if not (t.layer == 1 and t.kind == "up")]
     with pytest.raises(BevyError, match="layer 1 lacks the up expert tensors"):
         CacheLayout.of(bad)
+
+
+def test_a_lane_keeps_its_reservations_only_while_they_leave_its_calls_whole() -> None:
+    """64 experts, top-8, calls of up to 8 tokens: a call needs at most 64 slots of a class."""
+    layout = CacheLayout.of(info([144] * 8, n_expert=64, top_k=8))
+    assert layout.lane_share(128, 1, 8) == (True, 64)    # half of 128 still holds any call: reserve
+    assert layout.lane_share(64, 1, 8) == (False, 64)    # half would cut calls to 4 tokens: do not
+    assert layout.micro_batch(64, 8) == 8 and layout.micro_batch(32, 8) == 4
+    assert layout.lane_share(256, 2, 8) == (True, 64)    # two lanes: each half of its own share
+    assert layout.lane_share(128, 2, 8) == (False, 64)   # ... or its whole share, the lanes' never overlap
+    assert layout.lane_share(8, 1, 8) == (False, 8)      # the minimum: one token's experts per call

@@ -266,8 +266,8 @@ class _Lane:
     lanes, twice the bytes with one), so of its share of the slots (1/lanes) a lane reserves at
     most half and its calls' tokens fit in the other half: the lanes' pins never fill the cache,
     and no call can wait for a slot that only a waiting lane could free. A lane whose half share
-    is below a call's minimum (only ever a single lane: the runner takes fewer lanes first) drops
-    its reservations before each call instead, and may then pin the whole cache.
+    would hold smaller calls than its whole share (CacheLayout.lane_share) drops its reservations
+    before each call instead, and its calls may then pin its whole share.
     """
 
     def __init__(self, runner: SelfBalancingRunner, owner: int, lanes: int, params: ContextParams,
@@ -277,8 +277,7 @@ class _Lane:
         self.params = dataclasses.replace(params, n_ubatch=params.n_batch)  # one graph per call
         # slots are counted in the smallest slot class: what holds there holds at every layer
         slots = self.cache.min_class_slots
-        self.keep_reservations = slots // (2 * lanes) >= self.cache.layout.min_slots(1)
-        share = slots // (2 * lanes) if self.keep_reservations else slots
+        self.keep_reservations, share = self.cache.layout.lane_share(slots, lanes, params.n_batch)
         self.chunk = self.cache.layout.micro_batch(share, self.params.n_batch)
         # with reservations held, a call's tokens must fit its share at every layer it merges
         max_tokens = self.chunk if self.keep_reservations else self.params.n_batch
