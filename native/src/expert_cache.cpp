@@ -122,9 +122,10 @@ bool ExpertCache::load(const LoadJob & queued, int32_t worker) {
     const SlotClass & sc = classes_[c];
     for (int32_t k = 0; k < cfg_.n_kinds && ok; ++k) {
         const uint64_t nbytes = sc.kind_bytes[k];
-        const uint64_t offset = sources_[(size_t) job.layer * cfg_.n_kinds + k] + (uint64_t) job.expert * nbytes;
+        const size_t   lk     = (size_t) job.layer * cfg_.n_kinds + k; // (layer, kind)
+        const uint64_t offset = sources_[lk] + (uint64_t) job.expert * nbytes;
         char * dst = static_cast<char *>(slot_data(c, k)) + (uint64_t) (job.slot - sc.first) * nbytes;
-        const SlotWriter & w = writers_[(size_t) job.layer * cfg_.n_kinds + k];
+        const SlotWriter & w = writers_[lk];
         if (!w.fn) {
             ok = link_->read(offset, nbytes, dst, err);
             continue;

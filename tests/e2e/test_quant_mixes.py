@@ -28,7 +28,6 @@ N_TOKENS = 8
 FA = ("-fa", "off")
 
 
-
 def mix_id(mix: tuple[str, tuple[str, ...]]) -> str:
     return mix[0] + ("+tt" if mix[1] else "")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PROBES, ROOT, quant_spec
-from probes.repack_probe import load_expert_0
+from probes.repack_probe import WRITER, load_expert_0
 
 from bevy_gguf._native import libbevy as native
 from bevy_gguf.config import LinkSpec
@@ -19,9 +19,6 @@ from bevy_gguf.engine.cache_layout import CacheLayout
 from bevy_gguf.engine.expert_cache import ExpertCache
 from bevy_gguf.gguf_info import inspect_model
 from bevy_gguf.synth import ensure_model
-
-WRITER = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                          ctypes.c_void_p, ctypes.c_uint64)
 
 
 def avx2() -> bool:

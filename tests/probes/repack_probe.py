@@ -23,6 +23,10 @@ from bevy_gguf.engine.cache_layout import CacheLayout
 from bevy_gguf.engine.expert_cache import ExpertCache
 from bevy_gguf.gguf_info import inspect_model
 
+# libbevy's bevy_slot_writer_fn (llama_moe_write_repacked's signature)
+WRITER = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                          ctypes.c_void_p, ctypes.c_uint64)
+
 
 def load_expert_0(cache: ExpertCache, timeout_s: float = 10.0) -> bool:
     """Admit a flight of layer 0 needing expert 0 until it is resident; False at the timeout."""
@@ -43,8 +47,7 @@ if __name__ == "__main__":
     info = inspect_model(Path(sys.argv[1]))
     type_id = {t.name: gguf.GGMLQuantizationType[t.ggml_type].value for t in info.expert_tensors}
     here = [t.name for t in info.expert_tensors if llama_ext.repacks(llama_cpp, type_id[t.name], *t.ne)]
-    write = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                             ctypes.c_void_p, ctypes.c_uint64)(llama_ext.write_repacked_fn(llama_cpp))
+    write = WRITER(llama_ext.write_repacked_fn(llama_cpp))
     layout = CacheLayout.of(info)
     data = Path(info.path).read_bytes()
     slots = []
