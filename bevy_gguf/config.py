@@ -156,7 +156,12 @@ class EngineConfig:
                                          # start a step (blocking's and llama-server's order; off: they ride with it)
     repack: bool = True                  # llama.cpp's weight repacking (-nr/--no-repack: off): stock copies
                                          # repackable weights (Q4_0, Q4_K, ... on AVX2) into memory of its own
-    # device options (where the expert cache lives) join here; today it is host memory
+    device: str | None = None            # the expert cache's slots in this ggml device's memory (CUDA0, Vulkan0,
+                                         # CPU: ggml's own); None: host memory of libbevy's
+    gpu_layers: int = 0                  # llama.cpp's -ngl: layers whose dense weights and KV live on the GPU
+                                         # (the routed experts stay in the cache)
+    n_cpu_moe: int = 0                   # stock engine: llama.cpp's --n-cpu-moe (the routed experts of the first
+                                         # N layers in host memory, computed on the CPU); bevy's live in its cache
 
     def __post_init__(self) -> None:
         from bevy_gguf.engine.registry import scheduler_names
@@ -174,6 +179,12 @@ class EngineConfig:
                 raise BevyError(f"{name} must be an integer, got {value!r}")
             if value < 1:
                 raise BevyError(f"{name} must be at least 1, got {value}")
+        for name in ("gpu_layers", "n_cpu_moe"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise BevyError(f"{name} must be an integer of at least 0, got {value!r}")
+        if self.device is not None and (not isinstance(self.device, str) or not self.device.strip()):
+            raise BevyError(f"device must be a ggml device name such as CUDA0 or CPU, got {self.device!r}")
         if self.n_ctx is not None and (not isinstance(self.n_ctx, int) or self.n_ctx < 2):
             raise BevyError(f"n_ctx must be an integer of at least 2, got {self.n_ctx!r}")
         if self.flash_attn not in FLASH_ATTN:

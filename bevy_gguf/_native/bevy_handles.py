@@ -202,6 +202,11 @@ class NativeCache:
         if lib.bevy_cache_set_writer(self.handle, il, kind, fn, ggml_type, ne0, ne1) != 0:
             raise BevyError(lib.last_error())
 
+    def set_slot_data(self, kind: int, slot_class: int, data: int) -> None:
+        """external_slots: the memory of one kind's slots of a class (a device's)."""
+        if lib.bevy_cache_set_class_data(self.handle, slot_class, kind, data) != 0:
+            raise BevyError(lib.last_error())
+
     def slot_data(self, kind: int, slot_class: int = 0) -> int:
         ptr = lib.bevy_cache_class_data(self.handle, slot_class, kind)
         if not ptr:

@@ -117,6 +117,7 @@ class BevyCacheParams(ctypes.Structure):
         ("class_slots", c_int64 * MAX_CLASSES),
         ("class_kind_bytes", (c_uint64 * MAX_KINDS) * MAX_CLASSES),
         ("layer_class", POINTER(c_int32)),
+        ("external_slots", c_int32),
     ]
 
 
@@ -368,6 +369,13 @@ def bevy_cache_set_writer(cache: BevyCache, il: int, kind: int, fn: int | None, 
 @_bind("bevy_cache_class_data", [BevyCache, c_int32, c_int32], c_void_p)
 def bevy_cache_class_data(cache: BevyCache, c: int, kind: int, /) -> int | None:
     """The slots of one kind of slot class c (its slot s at + (s - its first) * its kind bytes)."""
+    ...
+
+
+# int32_t bevy_cache_set_class_data(bevy_cache * cache, int32_t c, int32_t kind, void * data);
+@_bind("bevy_cache_set_class_data", [BevyCache, c_int32, c_int32, c_void_p], c_int32)
+def bevy_cache_set_class_data(cache: BevyCache, c: int, kind: int, data: int, /) -> int:
+    """external_slots: where one kind's slots of class c live: 0, or -1 (out of range, or own slots)."""
     ...
 
 

@@ -22,7 +22,7 @@ class LlamaMoeCacheTensor(ctypes.Structure):
     every layer) for llama_set_moe_cache; n_slots 0: the call's."""
 
     _fields_ = [("kind", c_char_p), ("data", c_void_p), ("nbytes", c_size_t), ("il", c_int32), ("n_slots", c_int32),
-                ("repack", c_int32)]
+                ("repack", c_int32), ("slots", c_void_p)]
 
 
 @cache
@@ -66,6 +66,48 @@ def write_repacked_fn(llama_cpp: ModuleType) -> int:
 
     (a libbevy slot writer: the upload workers call it, without the GIL)"""
     fn = _symbol(llama_cpp, "llama_moe_write_repacked", (c_int32, c_int64, c_int64, c_void_p, c_void_p, c_uint64),
+                 c_int32)
+    return ctypes.cast(fn, c_void_p).value
+
+
+def devices(llama_cpp: ModuleType) -> list[tuple[str, int]]:
+    """const char * llama_moe_device_name(int32_t i); int32_t llama_moe_device_type(int32_t i);
+
+    Every ggml device of this build: (name, type), type as enum ggml_backend_dev_type (0: the CPU)."""
+    name = _symbol(llama_cpp, "llama_moe_device_name", (c_int32,), c_char_p)
+    kind = _symbol(llama_cpp, "llama_moe_device_type", (c_int32,), c_int32)
+    found = []
+    while (n := name(len(found))) is not None:
+        found.append((n.decode(), kind(len(found))))
+    return found
+
+
+def slots_new(llama_cpp: ModuleType, device: str, ggml_type: int, ne0: int, ne1: int, n_slots: int) -> tuple[int, int]:
+    """llama_moe_slots * llama_moe_slots_new(const char * device, int32_t type, int64_t ne0, int64_t ne1,
+                                             int64_t n_slots, void ** data);
+
+    (the slots' handle, where they start on the device); a BevyError when the device refused them."""
+    fn = _symbol(llama_cpp, "llama_moe_slots_new", (c_char_p, c_int32, c_int64, c_int64, c_int64, POINTER(c_void_p)),
+                 c_void_p)
+    data = c_void_p()
+    handle = fn(device.encode(), ggml_type, ne0, ne1, n_slots, ctypes.byref(data))
+    if not handle:
+        raise BevyError(f"cannot allocate {n_slots} expert slots of {ne0} x {ne1} (ggml type {ggml_type}) on "
+                        f"device {device}: lower --expert-cache")
+    return handle, data.value
+
+
+def slots_free(llama_cpp: ModuleType, handle: int) -> None:
+    """void llama_moe_slots_free(llama_moe_slots * slots);"""
+    _symbol(llama_cpp, "llama_moe_slots_free", (c_void_p,), None)(handle)
+
+
+def write_device_fn(llama_cpp: ModuleType) -> int:
+    """The address of int32_t llama_moe_write_device(int32_t type, int64_t ne0, int64_t ne1, void * dst,
+                                                       const void * src, uint64_t nbytes);
+
+    (a libbevy slot writer into device slots: ggml_backend_tensor_set, complete when it returns)"""
+    fn = _symbol(llama_cpp, "llama_moe_write_device", (c_int32, c_int64, c_int64, c_void_p, c_void_p, c_uint64),
                  c_int32)
     return ctypes.cast(fn, c_void_p).value
 

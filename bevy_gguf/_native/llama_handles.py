@@ -32,14 +32,42 @@ class ContextParams:
     flash_attn_type: int = -1  # LLAMA_FLASH_ATTN_TYPE_*: -1 auto (llama.cpp's default), 0 off, 1 on
 
 
+class _BuftOverride(ctypes.Structure):
+    """llama_model_tensor_buft_override: tensors whose name matches pattern go to buft."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def cpu_moe_overrides(llama_cpp: ModuleType, n_layers: int) -> ctypes.Array:
+    """llama.cpp's --n-cpu-moe N (-ot blk.I.ffn_*_exps=CPU for I < N): the NULL-terminated
+    override list that keeps the routed experts of the first n_layers layers in host memory
+    (computed on the CPU, as stock's offload baseline on a GPU)."""
+    lib = llama_cpp.llama_cpp._lib  # ggml's symbols resolve through libllama's dependencies
+    by_name, buft_of = lib.ggml_backend_dev_by_name, lib.ggml_backend_dev_buffer_type
+    by_name.argtypes, by_name.restype = [ctypes.c_char_p], ctypes.c_void_p
+    buft_of.argtypes, buft_of.restype = [ctypes.c_void_p], ctypes.c_void_p
+    cpu = buft_of(by_name(b"CPU"))
+    overrides = (_BuftOverride * (n_layers + 1))()
+    for il in range(n_layers):
+        overrides[il].pattern = rf"blk\.{il}\.ffn_(up|down|gate|gate_up)_(ch|)exps".encode()
+        overrides[il].buft = cpu
+    return overrides
+
+
 class Model:
     """A loaded llama_model and its vocabulary."""
 
-    def __init__(self, llama_cpp: ModuleType, path: Path, repack: bool = True) -> None:
+    def __init__(self, llama_cpp: ModuleType, path: Path, repack: bool = True, gpu_layers: int = 0,
+                 cpu_moe_layers: int = 0) -> None:
+        """gpu_layers: llama.cpp's -ngl; cpu_moe_layers: its --n-cpu-moe (the routed experts of the
+        first N layers stay in host memory)."""
         self.lib = llama_cpp
         self.path = path
         params = llama_cpp.llama_model_default_params()
-        params.n_gpu_layers = 0
+        params.n_gpu_layers = gpu_layers  # llama.cpp's -ngl
+        if cpu_moe_layers:
+            self._overrides = cpu_moe_overrides(llama_cpp, cpu_moe_layers)  # alive while the model loads
+            params.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
         params.use_extra_bufts = repack  # llama.cpp's --no-repack: weights stay as mapped from the file
         self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:

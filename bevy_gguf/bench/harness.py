@@ -60,6 +60,8 @@ class BenchConfig:
     lanes: int = 0  # bevy's (0: measured)
     two_pass: str = "auto"  # every bevy-gguf system's (see EngineConfig)
     runahead: str = DEFAULT_RUNAHEAD  # bevy's
+    device: str | None = None  # bevy-gguf's systems: the expert cache on this ggml device (None: host memory)
+    gpu_layers: int = 0  # every system's -ngl
 
     def __post_init__(self) -> None:
         for system in self.systems:
@@ -90,7 +92,8 @@ def _spec(cfg: BenchConfig, system: str, cache: str, link: str, trace_events: in
             "requests": cfg.requests, "threads": cfg.threads, "prompt_tokens": cfg.prompt_tokens, "steps": cfg.steps,
             "workload": cfg.workload, "seed": cfg.seed, "eviction": cfg.eviction, "trace_events": trace_events,
             "split_factor": cfg.split_factor, "lanes": cfg.lanes, "two_pass": cfg.two_pass,
-            "runahead": cfg.runahead, "warmup": cfg.warmup or cfg.parallel,
+            "runahead": cfg.runahead, "warmup": cfg.warmup or cfg.parallel, "device": cfg.device,
+            "gpu_layers": cfg.gpu_layers,
             "prompt_range": serve_range(PROMPT_TOKENS, cfg.prompt_tokens),
             "decode_range": serve_range(DECODE_TOKENS, cfg.steps)} | variant.options
 
@@ -162,6 +165,7 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
         "link_bounced": _median([c.get("link_bounced", 0) for c in counters]) if counters else None,
         "peak_rss_bytes": _median([r["peak_rss_bytes"] for r in ok]), "link": ok[0].get("link"),
         "micro_batch": ok[0].get("micro_batch"), "repacked_expert_tensors": ok[0].get("repacked_expert_tensors"),
+        "expert_store": ok[0].get("expert_store"),
         "load_s": _median([r["load_s"] for r in ok if r.get("load_s")]),
         "cost_model": ok[-1].get("cost_model") or None,  # the last run's fit, per lane
         "lanes": [r.get("lanes") for r in ok] if ok[0].get("lanes") else None,
@@ -282,7 +286,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
             bar.set_postfix_str(f"stock-resident, repeat {repeat + 1}")
             resident.append(run_worker(_spec(cfg, "stock-resident", "100%", cfg.link)))
             bar.update()
-        if offload:  # the cap's basis: stock as stock-offload runs it, every weight mapped from the file
+        if offload and not cfg.gpu_layers:  # the cap's basis: stock as stock-offload runs it, every weight mapped
             bar.set_postfix_str(f"stock-resident --no-repack (the offload cap), repeat {repeat + 1}")
             unpacked.append(run_worker(_spec(cfg, "stock-resident", "100%", cfg.link) | {"repack": False}))
             bar.update()
@@ -368,7 +372,12 @@ def _run_offload(cfg: BenchConfig, info: Any, pct: float, unpacked: list[dict[st
     of the expert bytes. Without repacking, because repacking copies the repackable weights
     (Q4_0, Q4_K, ... on AVX2) out of the mapping into memory of stock's own at load: the model
     is then resident whatever the cap (measured: Q4_0 at a 25% cap ran at 65% of resident speed,
-    3.3x bevy), which is no offload, and a user whose model exceeds memory must pass -nr."""
+    3.3x bevy), which is no offload, and a user whose model exceeds memory must pass -nr.
+    With layers on a GPU (-ngl above 0), what users run instead: -ngl N -ot exps=CPU (--cpu-moe),
+    the routed experts in host memory, computed on the CPU, no cap."""
+    if cfg.gpu_layers:
+        notes[pct] = f"-ngl {cfg.gpu_layers} -ot exps=CPU (--cpu-moe)"
+        return run_worker(_spec(cfg, "stock-offload", f"{pct}%", cfg.link) | {"n_cpu_moe": 1 << 16})
     peaks = [r["peak_rss_bytes"] for r in unpacked if "error" not in r]
     if not peaks:
         return {"system": "stock-offload", "error": "unavailable: stock --no-repack did not run, so no cap"}

@@ -54,6 +54,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
         "on AVX2, copied into ggml-cpu's interleaved layouts); stock-offload with --no-repack (every weight "
         "read through the mapping); bevy-gguf's dense weights as stock-resident's, and its cache slots "
         "in the same repacked layout where stock repacks (the rest the file's bytes)" + _repacked(report) + ".",
+        _placement(p),
         "",
         "| system | cache | " + ("link | " if sweep else "") + "tok/s | % of bound | TPOT p50 / p99 ms | TTFT ms | "
         "hit rate | MB loaded | compute / link busy s | link util | link GB/s while busy | overlap eff. | "
@@ -135,6 +136,14 @@ def markdown(report: dict[str, Any], command: str) -> str:
               " time at least one graph computes; link busy = time at least one transfer is in flight; overlap "
               "efficiency = max(compute busy, link busy) / decode wall time.", ""]
     return "\n".join(lines)
+
+
+def _placement(p: dict[str, Any]) -> str:
+    """Where the weights and the expert cache lived (-ngl, --device)."""
+    store = (f"bevy-gguf's expert cache in the memory of ggml device {p['device']} (a device buffer, filled "
+             "by the link workers through ggml_backend_tensor_set)") if p.get("device") else \
+        "bevy-gguf's expert cache in host memory"
+    return f"Placement: -ngl {p.get('gpu_layers', 0)} for every system; {store}."
 
 
 def _repacked(report: dict[str, Any]) -> str:

@@ -70,7 +70,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                           two_pass=spec.get("two_pass", "auto"),
                           runahead=spec.get("runahead", DEFAULT_RUNAHEAD), prefill_wave=spec.get("prefill_wave", 16),
                           prefill_first=spec.get("prefill_first", "off") == "on",
-                          repack=spec.get("repack", True))
+                          repack=spec.get("repack", True), device=spec.get("device"),
+                          gpu_layers=spec.get("gpu_layers", 0), n_cpu_moe=spec.get("n_cpu_moe", 0))
     result = run_requests(config, make_requests, progress=sample_counters if serve else None,
                           trace_events=0 if stock else spec.get("trace_events", 0))
     s = result.stats
@@ -89,7 +90,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "load_s": result.cache["load_s"], "cost_model": result.cache["cost_model"],
                 "lane_seconds": result.cache["lane_seconds"], "compute_busy_s": d.get("compute_busy_ns", 0) / 1e9,
                 "link_busy_s": d.get("link_busy_ns", 0) / 1e9,
-                "repacked_expert_tensors": (result.cache["repacked"], result.cache["expert_tensors"])}
+                "repacked_expert_tensors": (result.cache["repacked"], result.cache["expert_tensors"]),
+                "expert_store": result.cache["store"]}
         out |= {key: result.cache[key] for key in RUNNER_STATS}
     else:
         out |= {"compute_busy_s": s.decode_s, "link_busy_s": 0.0}

@@ -103,7 +103,8 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
                   two_pass=getattr(args, "two_pass", "auto"),
                   runahead=getattr(args, "runahead", DEFAULT_RUNAHEAD), prefill_wave=getattr(args, "prefill_wave", 16),
                   prefill_first=getattr(args, "prefill_first", False),
-                  repack=not getattr(args, "no_repack", False))
+                  repack=not getattr(args, "no_repack", False), device=getattr(args, "device", None),
+                  gpu_layers=getattr(args, "gpu_layers", 0), n_cpu_moe=getattr(args, "n_cpu_moe", 0))
     return EngineConfig(**(values | overrides))
 
 
@@ -189,7 +190,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       systems=[s for s in args.systems.split(",") if s], caches=sweeps["cache"],
                       links=sweeps["link"], workload=args.workload, timeline=bool(args.out),
                       split_factor=args.split_factor, lanes=args.lanes, two_pass=args.two_pass,
-                      runahead=args.runahead)
+                      runahead=args.runahead, device=args.device, gpu_layers=args.gpu_layers)
     from bevy_gguf.gguf_info import inspect_model
 
     inspect_model(cfg.model)
@@ -257,6 +258,17 @@ def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: b
                    help="flash attention, as llama.cpp's -fa (default auto)")
     p.add_argument("-nr", "--no-repack", action="store_true",
                    help="as llama.cpp's: keep weights as the file has them (no interleaved CPU layouts)")
+    p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=int, default=0, metavar="N",
+                   help="as llama.cpp's -ngl: layers whose dense weights and KV cache live on the GPU (default 0); "
+                        "routed experts stay in the expert cache")
+    p.add_argument("-ncmoe", "--n-cpu-moe", type=int, default=0, metavar="N",
+                   help="stock engine, as llama.cpp's: the routed experts of the first N layers stay in host memory "
+                        "(bevy's live in its cache)")
+    p.add_argument("-cmoe", "--cpu-moe", dest="n_cpu_moe", action="store_const", const=1 << 16,
+                   help="stock engine, as llama.cpp's: every layer's routed experts in host memory")
+    p.add_argument("--device", default=None, metavar="NAME",
+                   help="keep the expert cache in this ggml device's memory (e.g. CUDA0; CPU: ggml's CPU device); "
+                        "default: host memory")
     if scheduler:
         p.add_argument("--scheduler", choices=scheduler_names(), default=DEFAULT_SCHEDULER, help=help_text())
     p.add_argument("--expert-cache", default="25%", metavar="SIZE",
@@ -370,6 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="serve: requests finished before the measured window (default: --parallel)")
     be.add_argument("-t", "--threads", type=positive("--threads"), default=physical_cores(),
                     help="threads (default: this machine's physical cores, %(default)s)")
+    be.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=int, default=0, metavar="N",
+                    help="every system's -ngl (see run --help)")
+    be.add_argument("--device", default=None, metavar="NAME",
+                    help="bevy-gguf's systems keep their expert cache on this ggml device (see run --help)")
     be.add_argument("--out", metavar="DIR", help="write report.md, report.json, throughput.png, timeline.json")
     be.add_argument("--json", action="store_true", help="print report.json")
     be.set_defaults(func=cmd_bench)

@@ -21,6 +21,7 @@ from bevy_gguf._native.llama_handles import ContextParams, Model
 from bevy_gguf._native.loader import use_libllama
 from bevy_gguf.config import EngineConfig
 from bevy_gguf.engine.calibrate import StepCosts
+from bevy_gguf.engine.device_slots import CPU_DEVICE, find_device
 from bevy_gguf.engine.expert_cache import ExpertCache
 from bevy_gguf.engine.registry import Scheduler, get_scheduler, runnable_scheduler
 from bevy_gguf.engine.request import Request
@@ -67,14 +68,19 @@ class LLMEngine:
         self.lib = use_libllama("stock" if self.stock else "patched")
         if not self.stock:
             llama_ext.set_lazy_experts(self.lib, True)  # routed experts are resident only in the cache
-        self.model = Model(self.lib, config.model, repack=config.repack)
+        # where the cache's slots live, and whether its matmuls can run two passes (a CPU's)
+        self.device = None if self.stock or config.device is None else find_device(
+            llama_ext.devices(self.lib), config.device, config.gpu_layers)
+        self.model = Model(self.lib, config.model, repack=config.repack, gpu_layers=config.gpu_layers,
+                           cpu_moe_layers=min(config.n_cpu_moe, self.info.n_layer) if self.stock else 0)
         self.cache: ExpertCache | None = None
         try:
             if not self.stock:
                 self.cache = ExpertCache(self.info, config.cache_bytes(self.info.expert_bytes), config.link_spec,
                                          policy=config.eviction, n_workers=config.link_workers,
                                          wait_timeout_s=config.wait_timeout_s, seed=config.seed,
-                                         repack=self.lib if config.repack else None)
+                                         repack=self.lib if config.repack else None,
+                                         device=self.device[0] if self.device else None, lib=self.lib)
         except BaseException:
             self.model.close()
             raise
@@ -93,6 +99,8 @@ class LLMEngine:
         cfg, n = self.config, n_parallel or self.config.n_parallel
         flash = cfg.flash_attn_type
         two_pass = self.scheduler.two_pass if cfg.two_pass == "auto" else cfg.two_pass == "on"
+        if self.device and self.device[1] != CPU_DEVICE:
+            two_pass = False  # a GPU's mul_mat_id cannot leave rows out: patch 0008 computes one pass there
         if self.cache is None:
             runner: Runner = BatchedRunner(self.model, n, cfg.n_threads, flash)
         elif self.scheduler.runner == "layers":
@@ -180,7 +188,7 @@ class LLMEngine:
         c = self.cache
         models = getattr(self.runner, "cost_models", [])
         return {"scheduler": self.scheduler.name, "scheduler_note": self.scheduler_note,
-                "link": c.link_name, "bytes": c.budget_bytes, "slots": c.n_slots,
+                "link": c.link_name, "store": c.store, "bytes": c.budget_bytes, "slots": c.n_slots,
                 "class_slots": list(c.class_slots), "wasted_bytes": c.wasted_bytes,
                 "repacked": len(c.repacked), "expert_tensors": len(self.info.expert_tensors),
                 "micro_batch": self.runner.micro_batch if self.runner else None, "decode": stats.decode_counters,

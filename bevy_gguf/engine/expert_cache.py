@@ -18,6 +18,7 @@ from bevy_gguf._native.bevy_handles import Flights, Hook, Link, NativeCache
 from bevy_gguf._native.llama_handles import Context
 from bevy_gguf.config import LinkSpec
 from bevy_gguf.engine.cache_layout import CacheLayout
+from bevy_gguf.engine.device_slots import DeviceSlots
 from bevy_gguf.errors import BevyError
 from bevy_gguf.gguf_info import ModelInfo, router_weights
 
@@ -38,10 +39,13 @@ class ExpertCache:
 
     def __init__(self, info: ModelInfo, budget_bytes: int, link: LinkSpec, policy: str = "next-use",
                  n_workers: int = 4, wait_timeout_s: float = 300.0, seed: int = 0,
-                 repack: ModuleType | None = None) -> None:
+                 repack: ModuleType | None = None, device: str | None = None,
+                 lib: ModuleType | None = None) -> None:
         """repack: the patched llama_cpp whose CPU kernels read the slots; experts of types it repacks
         (Q4_0, Q4_K, IQ4_NL, MXFP4 with AVX2) are laid out as stock lays out repacked weights, so the
-        cache runs stock's kernels (llama.cpp's default; None: the file's bytes, as --no-repack)."""
+        cache runs stock's kernels (llama.cpp's default; None: the file's bytes, as --no-repack).
+        device: the slots live in that ggml device's memory (device_slots.py; lib: the patched
+        llama_cpp that allocates them), in the file's layout; None: host memory."""
         self.layout = layout = CacheLayout.of(info)
         if len(layout.kinds) > libbevy.MAX_KINDS:
             raise BevyError(f"{len(layout.kinds)} expert tensor kinds: at most {libbevy.MAX_KINDS} are supported")
@@ -75,11 +79,23 @@ class ExpertCache:
         params.n_workers = n_workers
         params.wait_timeout_ms = int(wait_timeout_s * 1000)
         params.seed = seed
+        params.external_slots = int(device is not None)
         link_handle = open_link(info, link)
         self.link_name = link_handle.describe()
         self.native: NativeCache | None = NativeCache(params, link_handle)
         for (il, kind), offset in layout.sources.items():
             self.native.set_source(il, kind, offset)
+        self.device_slots: DeviceSlots | None = None
+        if device is not None:
+            if lib is None:
+                raise BevyError("an expert cache on a device needs the patched llama_cpp (lib)")
+            try:
+                self.device_slots = DeviceSlots(lib, device, info, layout, self.class_slots, self.native)
+            except BaseException:
+                self.close()
+                raise
+            repack = None  # ggml-cpu's layouts are for host memory: a device's slots hold the file's bytes
+        self.store = device or "host"  # where the slots live
         self.repack = repack is not None
         self.repacked = self._repack_slots(info, repack) if repack is not None else ()
 
@@ -133,7 +149,10 @@ class ExpertCache:
                 t = tensors[n * len(layout.kinds) + i]
                 t.kind, t.il, t.n_slots = kind.encode(), il, self.class_slots[c]
                 t.repack = int(self.repack)  # the patch repacks exactly where _repack_slots set a writer
-                t.data = self.native.slot_data(i, c)
+                if self.device_slots is not None:
+                    t.slots, t.data = self.device_slots.slots(c, i)
+                else:
+                    t.data = self.native.slot_data(i, c)
                 t.nbytes = nbytes * self.class_slots[c]
         if llama_ext.set_moe_cache(ctx.lib, ctx.ptr, tensors, max(self.class_slots)) != 0:
             raise BevyError("llama.cpp refused the expert cache for this model (its log says why)")
@@ -211,8 +230,11 @@ class ExpertCache:
     def close(self) -> None:
         """Free the hooks (their contexts must be gone), the cache, then the link."""
         if self.native is not None:
-            self.native.close()
+            self.native.close()  # joins the upload workers: nothing writes the device slots after this
             self.native = None
+        if self.device_slots is not None:
+            self.device_slots.free()
+            self.device_slots = None
 
     def __enter__(self) -> ExpertCache:
         return self

@@ -41,7 +41,7 @@ class RunResult:
             stats |= {"hit_rate": round(hit_rate(c), 6), "bytes_loaded": int(c.get("bytes_loaded", 0)),
                       "stall_s": round(c.get("stall_ns", 0) / 1e9, 6), "link": self.cache["link"],
                       "scheduler": self.cache["scheduler"], "scheduler_note": self.cache["scheduler_note"],
-                      "expert_cache_bytes": self.cache["bytes"],
+                      "expert_cache_bytes": self.cache["bytes"], "expert_store": self.cache["store"],
                       "expert_cache_slots": self.cache["slots"], "micro_batch": self.cache["micro_batch"],
                       "slot_classes": self.cache["class_slots"],
                       "expert_cache_wasted_bytes": self.cache["wasted_bytes"],

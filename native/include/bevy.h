@@ -138,6 +138,9 @@ typedef struct bevy_cache_params {
     int64_t  class_slots[BEVY_MAX_CLASSES];                     // slots of each class (their sum: n_slots)
     uint64_t class_kind_bytes[BEVY_MAX_CLASSES][BEVY_MAX_KINDS]; // bytes of one expert of each kind, per class
     const int32_t * layer_class;          // n_layer entries: each layer's class, or BEVY_DENSE_LAYER (copied; NULL: every layer class 0)
+    int32_t  external_slots;              // 1: libbevy allocates no slot memory: the caller gives each (class, kind)'s
+                                          // (bevy_cache_set_class_data; a device's memory, such as llama_moe_slots_new's)
+                                          // and a writer for every (layer, kind) before any load; 0: host memory of its own
 } bevy_cache_params;
 
 // The counters, X(name, what): per layer unless "totals only"; bevy_counter_name(i) names the
@@ -182,8 +185,11 @@ typedef int32_t (*bevy_slot_writer_fn)(int32_t type, int64_t ne0, int64_t ne1, v
 // slot by fn (NULL: read straight into the slot, the default); set before any load
 BEVY_API int32_t      bevy_cache_set_writer(bevy_cache * cache, int32_t il, int32_t kind, bevy_slot_writer_fn fn,
                                             int32_t type, int64_t ne0, int64_t ne1);
-// the slots of kind k of class c; NULL on a bad class or kind
+// the slots of kind k of class c; NULL on a bad class or kind (or external slots not given yet)
 BEVY_API void *       bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind);
+// external_slots: where the slots of kind k of class c live (class_slots[c] x class_kind_bytes[c][k]
+// bytes, which libbevy only hands to writers, never reads or writes itself); set before any load
+BEVY_API int32_t      bevy_cache_set_class_data(bevy_cache * cache, int32_t c, int32_t kind, void * data);
 // layer il's counters (il = -1: totals); -1 on a bad layer
 BEVY_API int32_t      bevy_cache_counters(const bevy_cache * cache, int32_t il, bevy_counters * out);
 // slots pinned right now (0 when no graph is running)

@@ -46,6 +46,7 @@ bevy_cache * bevy_cache_new(const bevy_cache_params * params, bevy_link * link) 
                 cfg.class_kind_bytes[c][k] = params->class_kind_bytes[c][k];
             }
         }
+        cfg.external_slots = params->external_slots != 0;
         if (params->layer_class && params->n_layer > 0) {
             cfg.layer_class.assign(params->layer_class, params->layer_class + params->n_layer);
         }
@@ -89,7 +90,24 @@ void * bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind) {
         last_error() = "bevy_cache_class_data: class or kind out of range";
         return nullptr;
     }
-    return cache->cache->slot_data(c, kind);
+    void * data = cache->cache->slot_data(c, kind);
+    if (!data) {
+        last_error() = "bevy_cache_class_data: external slots of class " + std::to_string(c) + " not given yet";
+    }
+    return data;
+}
+
+int32_t bevy_cache_set_class_data(bevy_cache * cache, int32_t c, int32_t kind, void * data) {
+    if (!cache->cache->config().external_slots) {
+        last_error() = "bevy_cache_set_class_data: this cache allocates its own slots (external_slots 0)";
+        return -1;
+    }
+    if (c < 0 || c >= cache->cache->n_classes() || kind < 0 || kind >= cache->cache->config().n_kinds || !data) {
+        last_error() = "bevy_cache_set_class_data: class or kind out of range, or no memory given";
+        return -1;
+    }
+    cache->cache->set_slot_data(c, kind, data);
+    return 0;
 }
 
 int32_t bevy_cache_counters(const bevy_cache * cache, int32_t il, bevy_counters * out) {

@@ -27,6 +27,10 @@ ExpertCache::ExpertCache(const CacheConfig & cfg, Link * link, std::string & err
     }
     for (const SlotClass & c : classes_) {
         for (int32_t k = 0; k < cfg.n_kinds; ++k) {
+            if (cfg.external_slots) { // the caller's (set_slot_data), before any load
+                memory_.push_back(nullptr);
+                continue;
+            }
             const uint64_t bytes = (uint64_t) c.n * c.kind_bytes[k];
             void * mem = bytes ? std::aligned_alloc(kSlotAlign, (bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign) : nullptr;
             if (!mem) {
@@ -105,8 +109,10 @@ void * ExpertCache::staging_buffer(uint64_t nbytes) {
 
 ExpertCache::~ExpertCache() {
     queue_.reset(); // joins the workers before the memory they write goes away
-    for (void * mem : memory_) {
-        std::free(mem);
+    if (!cfg_.external_slots) {
+        for (void * mem : memory_) {
+            std::free(mem);
+        }
     }
 }
 
@@ -124,8 +130,13 @@ bool ExpertCache::load(const LoadJob & queued, int32_t worker) {
         const uint64_t nbytes = sc.kind_bytes[k];
         const size_t   lk     = (size_t) job.layer * cfg_.n_kinds + k; // (layer, kind)
         const uint64_t offset = sources_[lk] + (uint64_t) job.expert * nbytes;
-        char * dst = static_cast<char *>(slot_data(c, k)) + (uint64_t) (job.slot - sc.first) * nbytes;
         const SlotWriter & w = writers_[lk];
+        if (!slot_data(c, k) || (cfg_.external_slots && !w.fn)) { // external slots: written only through a writer
+            err = "kind " + std::to_string(k) + " of layer " + std::to_string(job.layer) + " has no slot memory or writer";
+            ok = false;
+            break;
+        }
+        char * dst = static_cast<char *>(slot_data(c, k)) + (uint64_t) (job.slot - sc.first) * nbytes;
         if (!w.fn) {
             ok = link_->read(offset, nbytes, dst, err);
             continue;

@@ -37,6 +37,7 @@ struct CacheConfig {
     int64_t  class_slots[kMaxClasses] = {};
     uint64_t class_kind_bytes[kMaxClasses][kMaxKinds] = {};
     std::vector<int32_t> layer_class; // per layer (empty: every layer class 0)
+    bool     external_slots  = false; // slot memory given by the caller (set_slot_data), written only by writers
 };
 
 // bevy.h's counters (BEVY_COUNTERS); a default-constructed one is all zeros
@@ -74,6 +75,8 @@ public:
     };
     void  set_writer(int32_t il, int32_t kind, const SlotWriter & w) { writers_[(size_t) il * cfg_.n_kinds + kind] = w; }
     void * slot_data(int32_t c, int32_t kind) const { return memory_[(size_t) c * cfg_.n_kinds + kind]; }
+    // external slots: the memory of kind k's slots of class c (never freed here)
+    void  set_slot_data(int32_t c, int32_t kind, void * data) { memory_[(size_t) c * cfg_.n_kinds + kind] = data; }
     int32_t n_classes() const { return (int32_t) classes_.size(); }
     // the first slot of layer il's class: the tensors of il's layout index slots from there
     int64_t first_slot(int32_t il) const { return classes_[layer_class_[il]].first; }
@@ -176,7 +179,7 @@ private:
     };
     std::vector<SlotClass>  classes_;
     std::vector<int32_t>    layer_class_; // per layer
-    std::vector<void *>     memory_;   // per (class, kind): its slots * its kind bytes
+    std::vector<void *>     memory_;   // per (class, kind): its slots * its kind bytes (ours unless external_slots)
     std::vector<uint64_t>   sources_;  // per (layer, kind)
     std::vector<SlotWriter> writers_;  // per (layer, kind)
 

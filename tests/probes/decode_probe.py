@@ -1,7 +1,7 @@
 """A fixed decode schedule on one libllama, for the tests (run in its own process).
 
 usage: decode_probe.py --lib stock|patched --model M.gguf --out LOGITS.npy [--hook none|trace|shift|bad-id|fail]
-                [--hook-after-first]
+                [--hook-after-first] [--cache SIZE [--device NAME [--delay-writes SECONDS]]]
 Prefills three prompts in one batch, then decodes four greedy steps of all three; saves every
 output's logits and prints JSON (outputs, errors, what the router trace recorded).
 """
@@ -42,6 +42,28 @@ def python_hook(kind: str):  # noqa: ANN201
     return MOE_HOOK_FN(hook)
 
 
+def delay_device_writes(llama_cpp, cache, info, seconds: float):  # noqa: ANN001, ANN201
+    """Every expert copy into the device slots waits `seconds` first (a slow copy): a slot that
+    were used before its copy completed would hold the wrong bytes. Returns the callback to keep."""
+    import time
+
+    from repack_probe import WRITER  # this folder is the script's sys.path[0]
+
+    from bevy_gguf._native import llama_ext
+
+    copy = WRITER(llama_ext.write_device_fn(llama_cpp))
+
+    @WRITER
+    def late(ggml_type: int, ne0: int, ne1: int, dst: int, src: int, nbytes: int) -> int:
+        time.sleep(seconds)
+        return copy(ggml_type, ne0, ne1, dst, src, nbytes)
+
+    for t in info.expert_tensors:
+        cache.native.set_writer(t.layer, cache.layout.kinds.index(t.kind), ctypes.cast(late, ctypes.c_void_p).value,
+                                0, *t.ne)
+    return late
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -52,6 +74,9 @@ def main() -> int:
     ap.add_argument("--cache", help="serve experts from an expert cache of this size (e.g. 50%%)")
     ap.add_argument("--eviction", default="next-use")
     ap.add_argument("--two-pass", action="store_true", help="MoE layers in two passes (patch 0004)")
+    ap.add_argument("--device", help="the cache's slots in this ggml device's memory (patch 0008)")
+    ap.add_argument("--delay-writes", type=float, default=0.0,
+                    help="with --device: every copy into a slot starts this many seconds late")
     args = ap.parse_args()
 
     llama_cpp = use_libllama(args.lib)
@@ -66,7 +91,10 @@ def main() -> int:
         llama_ext.set_lazy_experts(llama_cpp, True)
         info = inspect_model(args.model)
         cache = ExpertCache(info, parse_cache_size(args.cache, info.expert_bytes), LinkSpec("file"),
-                            policy=args.eviction, wait_timeout_s=60)
+                            policy=args.eviction, wait_timeout_s=60, device=args.device, lib=llama_cpp)
+        if args.delay_writes:
+            keep.append(delay_device_writes(llama_cpp, cache, info, args.delay_writes))
+        result["store"] = cache.store
     with Model(llama_cpp, args.model) as model:
         prompts = [model.tokenize(p) for p in PROMPTS]
         params = ContextParams(n_ctx=256, n_batch=sum(map(len, prompts)), n_seq_max=3, n_threads=2)
