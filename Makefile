@@ -3,11 +3,14 @@
 #   make demo    build, generate the default model, run it with --parallel 8, then the A/B table
 #   make test    build, then the test suite
 #   make soak    build, then 20,000 requests at the server twice (minimum and 25% cache; hours, not in make test)
-# Knobs: JOBS=2 (compile jobs), CUDA=1 (ggml with CUDA), PYTHON=python3.
+#   make gpu-bundle   what scripts/gpu_check.sh carries to a GPU machine (build/gpu-bundle)
+#   make gpu-dry-run  the GPU check rehearsed on this CPU (rebuilds from the pruned source; not in make test)
+# Knobs: JOBS=2 (compile jobs), CUDA=1 (ggml with CUDA), CUDA_ARCHS=90 (its architectures), PYTHON=python3.
 
 PYTHON ?= python3
 JOBS ?= 2
 CUDA ?= 0
+CUDA_ARCHS ?= 90
 VENV := .venv
 BIN := $(abspath $(VENV)/bin)
 DEFAULT_MODEL := build/models/default.gguf
@@ -15,7 +18,7 @@ SOAK_MODEL := build/models/soak.gguf
 SOAK_REQUESTS ?= 20000
 export PATH := $(BIN):$(PATH)
 
-.PHONY: venv build demo test soak lint clean
+.PHONY: venv build demo test soak lint clean gpu-bundle gpu-dry-run
 
 venv: $(VENV)/.installed
 
@@ -30,7 +33,8 @@ $(VENV)/.installed: pyproject.toml LLAMA_CPP_PIN scripts/fetch_llama.py
 build: venv
 	$(BIN)/python scripts/fetch_llama.py
 	$(BIN)/cmake -S . -B build/cmake -G Ninja -DCMAKE_BUILD_TYPE=Release \
-		-DBEVY_JOBS=$(JOBS) -DBEVY_CUDA=$(if $(filter 1,$(CUDA)),ON,OFF) --log-level=WARNING
+		-DBEVY_JOBS=$(JOBS) -DBEVY_CUDA=$(if $(filter 1,$(CUDA)),ON,OFF) -DBEVY_CUDA_ARCHS="$(CUDA_ARCHS)" \
+		--log-level=WARNING
 	$(BIN)/cmake --build build/cmake -j $(JOBS)
 
 demo: build
@@ -41,6 +45,16 @@ demo: build
 
 test: build
 	$(BIN)/python -m pytest -q tests
+
+# what scripts/gpu_check.sh carries to a machine without a package registry
+gpu-bundle: venv
+	$(BIN)/python scripts/fetch_llama.py --make-pruned build/gpu-bundle/llama-pruned.tar.gz
+	rm -rf build/gpu-bundle/wheels
+	$(BIN)/python -m pip download -q --no-deps -d build/gpu-bundle/wheels $$($(BIN)/python -c \
+		'import importlib.metadata as m; print(*(f"{p}=={m.version(p)}" for p in ("gguf", "diskcache")))')
+
+gpu-dry-run: gpu-bundle
+	scripts/gpu_check.sh --dry-run-cpu build/gpu-dry-run
 
 soak: build
 	$(BIN)/bevy-gguf make-model $(SOAK_MODEL) --layers 4 --experts 16 --top-k 2 --embd 64 --ff 64

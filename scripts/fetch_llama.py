@@ -7,6 +7,11 @@ vendor/llama.cpp twice (build/src/stock, build/src/patched) and applies patches/
 patched tree, idempotently: an unchanged series is a no-op, a changed one is reverse-applied
 and re-applied so only the touched files rebuild.
 
+For a machine without a package registry (scripts/gpu_check.sh), --make-pruned writes a pruned
+copy of the sdist (what a build and the Python binding need: no docs, models, tests, examples,
+web UI or unused ggml backends; a BEVY_PRUNED file names the pinned sdist's sha256 it came from)
+and --pruned lays out the trees from such a copy.
+
 Standard library only: it runs before the package and its dependencies are installed.
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import html.parser
+import io
 import os
 import shutil
 import subprocess
@@ -109,10 +115,11 @@ def fetch_sdist(pin: dict[str, str]) -> Path:
     return path
 
 
-def extract_tree(sdist: Path, pin: dict[str, str], dest: Path) -> bool:
+def extract_tree(sdist: Path, pin: dict[str, str], dest: Path, pruned: bool = False) -> bool:
     """Extract vendor/llama.cpp into dest unless it already holds this sdist. True if extracted."""
     stamp = dest / EXTRACT_STAMP
-    if stamp.exists() and stamp.read_text().strip() == pin["sha256"]:
+    mark = ("pruned " if pruned else "") + pin["sha256"]
+    if stamp.exists() and stamp.read_text().strip() == mark:
         return False
     if dest.exists():
         shutil.rmtree(dest)
@@ -128,9 +135,60 @@ def extract_tree(sdist: Path, pin: dict[str, str], dest: Path) -> bool:
                 m.name = rel
                 members.append(m)
         tar.extractall(tmp, members=members, filter="data")
-    (tmp / EXTRACT_STAMP).write_text(pin["sha256"] + "\n")
+    (tmp / EXTRACT_STAMP).write_text(mark + "\n")
     tmp.rename(dest)
     return True
+
+
+# what a pruned copy leaves out (paths under vendor/llama.cpp): nothing the stock or patched build,
+# the patches or the Python binding use (the build turns tests, examples, the server and its UI off)
+PRUNED_AWAY = ("docs", "models", "tests", "examples", "pocs", "benches", "media", "gguf-py", "conversion",
+               "scripts", "requirements", "skills", "ci", ".github", ".devops", "app", "tools/ui", "tools/server")
+KEPT_BACKENDS = ("ggml-cpu", "ggml-cuda")  # ggml/src/ggml-*/ folders kept; the others are not built
+PRUNED_STAMP = "BEVY_PRUNED"
+
+
+def pruned_away(rel: str) -> bool:
+    """Is rel (a path under vendor/llama.cpp) left out of a pruned copy?"""
+    if any(rel == p or rel.startswith(p + "/") for p in PRUNED_AWAY):
+        return True
+    parts = rel.split("/")
+    return (len(parts) >= 3 and parts[:2] == ["ggml", "src"] and parts[2].startswith("ggml-")
+            and "." not in parts[2] and parts[2] not in KEPT_BACKENDS)
+
+
+def make_pruned(sdist: Path, pin: dict[str, str], out: Path) -> None:
+    """Write a pruned copy of the sdist to out (a .tar.gz of the same layout)."""
+    top = pin["filename"].removesuffix(".tar.gz")
+    vendor = f"{top}/vendor/llama.cpp/"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    with tarfile.open(sdist) as src, tarfile.open(tmp, "w:gz") as dst:
+        for m in src.getmembers():
+            keep = m.name.startswith(f"{top}/llama_cpp/") or m.name in (f"{top}/llama_cpp", f"{top}/pyproject.toml")
+            if m.name.startswith(vendor):
+                rel = m.name[len(vendor):]
+                keep = bool(rel) and rel.split("/")[0] != ".git" and not pruned_away(rel)
+            if keep:
+                dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+        stamp = (pin["sha256"] + "\n").encode()
+        info = tarfile.TarInfo(f"{top}/{PRUNED_STAMP}")
+        info.size = len(stamp)
+        dst.addfile(info, io.BytesIO(stamp))
+    tmp.replace(out)
+
+
+def check_pruned(path: Path, pin: dict[str, str]) -> None:
+    """A pruned copy made from the pinned sdist (its BEVY_PRUNED names the pin's sha256), or FetchError."""
+    name = f"{pin['filename'].removesuffix('.tar.gz')}/{PRUNED_STAMP}"
+    try:
+        with tarfile.open(path) as tar:
+            stamp = tar.extractfile(name).read().decode().strip()
+    except (OSError, KeyError, tarfile.TarError, AttributeError):
+        raise FetchError(f"{path} is not a pruned copy of {pin['filename']} (no {PRUNED_STAMP}): "
+                         "make it with scripts/fetch_llama.py --make-pruned") from None
+    if stamp != pin["sha256"]:
+        raise FetchError(f"{path} was pruned from another sdist than LLAMA_CPP_PIN's: make it again")
 
 
 def read_series() -> list[Path]:
@@ -187,17 +245,28 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", type=Path, default=ROOT / "build" / "src", help="where trees go")
     ap.add_argument("--sdist-only", action="store_true", help="fetch and print the sdist path")
+    ap.add_argument("--make-pruned", type=Path, metavar="OUT.tar.gz", help="write a pruned copy of the sdist")
+    ap.add_argument("--pruned", type=Path, metavar="PRUNED.tar.gz", help="lay out the trees from a pruned copy")
     args = ap.parse_args()
     try:
         pin = read_pin()
-        sdist = fetch_sdist(pin)
+        if args.pruned:
+            check_pruned(args.pruned, pin)
+            sdist = args.pruned
+        else:
+            sdist = fetch_sdist(pin)
         if args.sdist_only:
             print(sdist)
             return 0
+        if args.make_pruned:
+            make_pruned(sdist, pin, args.make_pruned)
+            print(args.make_pruned)
+            return 0
         args.src.mkdir(parents=True, exist_ok=True)
-        extract_tree(sdist, pin, args.src / "stock")
+        pruned = args.pruned is not None
+        extract_tree(sdist, pin, args.src / "stock", pruned)
         patched = args.src / "patched"
-        if extract_tree(sdist, pin, patched) is False and not (patched / "CMakeLists.txt").exists():
+        if extract_tree(sdist, pin, patched, pruned) is False and not (patched / "CMakeLists.txt").exists():
             raise FetchError(f"{patched} is incomplete; delete it and rerun")
         apply_series(patched)
     except (FetchError, OSError, subprocess.CalledProcessError) as e:

@@ -202,6 +202,14 @@ class NativeCache:
         if lib.bevy_cache_set_writer(self.handle, il, kind, fn, ggml_type, ne0, ne1) != 0:
             raise BevyError(lib.last_error())
 
+    def set_staging(self, alloc: int, free: int, user: int) -> None:
+        """The upload workers' staging buffers from alloc(user, ...) where it gives some (pinned memory)."""
+        if lib.bevy_cache_set_staging(self.handle, alloc, free, user) != 0:
+            raise BevyError(lib.last_error())
+
+    def staging_given(self) -> int:
+        return lib.bevy_cache_staging_given(self.handle)
+
     def set_slot_data(self, kind: int, slot_class: int, data: int) -> None:
         """external_slots: the memory of one kind's slots of a class (a device's)."""
         if lib.bevy_cache_set_class_data(self.handle, slot_class, kind, data) != 0:

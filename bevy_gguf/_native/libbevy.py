@@ -372,6 +372,22 @@ def bevy_cache_class_data(cache: BevyCache, c: int, kind: int, /) -> int | None:
     ...
 
 
+# int32_t bevy_cache_set_staging(bevy_cache * cache, bevy_staging_alloc_fn alloc, bevy_staging_free_fn free,
+#                                void * user);
+@_bind("bevy_cache_set_staging", [BevyCache, c_void_p, c_void_p, c_void_p], c_int32)
+def bevy_cache_set_staging(cache: BevyCache, alloc: int | None, free: int | None, user: int | None, /) -> int:
+    """The workers' staging buffers from alloc(user, nbytes, &handle) (NULL: host memory), freed with
+    free(handle): 0, or -1 (one of them missing)."""
+    ...
+
+
+# int64_t bevy_cache_staging_given(const bevy_cache * cache);
+@_bind("bevy_cache_staging_given", [BevyCache], c_int64)
+def bevy_cache_staging_given(cache: BevyCache, /) -> int:
+    """Staging buffers the staging allocator gave so far."""
+    ...
+
+
 # int32_t bevy_cache_set_class_data(bevy_cache * cache, int32_t c, int32_t kind, void * data);
 @_bind("bevy_cache_set_class_data", [BevyCache, c_int32, c_int32, c_void_p], c_int32)
 def bevy_cache_set_class_data(cache: BevyCache, c: int, kind: int, data: int, /) -> int:

@@ -97,6 +97,15 @@ def slots_new(llama_cpp: ModuleType, device: str, ggml_type: int, ne0: int, ne1:
     return handle, data.value
 
 
+def host_alloc_fns(llama_cpp: ModuleType) -> tuple[int, int]:
+    """The addresses of void * llama_moe_host_alloc(void * device, uint64_t nbytes, void ** handle) and
+    void llama_moe_host_free(void * handle): a libbevy staging allocator of a device's pinned host
+    memory (NULL where the device has none, as the CPU)."""
+    alloc = _symbol(llama_cpp, "llama_moe_host_alloc", (c_void_p, c_uint64, POINTER(c_void_p)), c_void_p)
+    free = _symbol(llama_cpp, "llama_moe_host_free", (c_void_p,), None)
+    return ctypes.cast(alloc, c_void_p).value, ctypes.cast(free, c_void_p).value
+
+
 def slots_free(llama_cpp: ModuleType, handle: int) -> None:
     """void llama_moe_slots_free(llama_moe_slots * slots);"""
     _symbol(llama_cpp, "llama_moe_slots_free", (c_void_p,), None)(handle)

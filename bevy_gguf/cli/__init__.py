@@ -206,6 +206,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_devices(args: argparse.Namespace) -> int:
+    """The ggml devices of the patched build (what --device takes), as llama.cpp's --list-devices."""
+    from bevy_gguf._native import llama_ext
+    from bevy_gguf._native.loader import use_libllama
+
+    kinds = {0: "CPU", 1: "GPU", 2: "integrated GPU", 3: "accelerator"}
+    devices = llama_ext.devices(use_libllama("patched"))
+    if args.json:
+        print(json.dumps([{"name": n, "type": kinds.get(t, str(t))} for n, t in devices]))
+    else:
+        for name, kind in devices:
+            print(f"{name}\t{kinds.get(kind, kind)}")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from bevy_gguf.server.main import serve
     from bevy_gguf.server.types import ServerSettings
@@ -389,6 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--out", metavar="DIR", help="write report.md, report.json, throughput.png, timeline.json")
     be.add_argument("--json", action="store_true", help="print report.json")
     be.set_defaults(func=cmd_bench)
+
+    dv = sub.add_parser("devices", help="list the ggml devices of this build (what --device takes)")
+    dv.add_argument("--json", action="store_true")
+    dv.set_defaults(func=cmd_devices)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching over the bevy engine)")
     add_model_arg(sv)

@@ -11,6 +11,7 @@ after its copy). ggml's own CPU device takes the same path, which is how it is t
 
 from __future__ import annotations
 
+import ctypes
 from types import ModuleType
 
 import gguf
@@ -63,6 +64,10 @@ class DeviceSlots:
         writer = llama_ext.write_device_fn(llama_cpp)
         for (il, kind), shape in shapes.items():
             native.set_writer(il, layout.kinds.index(kind), writer, *shape)
+        # the workers read experts into the device's pinned host memory, which it copies from at full
+        # speed (a copy from pageable memory goes through the driver's own bounce); none on the CPU
+        self._device_name = ctypes.create_string_buffer(device.encode())  # alive while the workers run
+        native.set_staging(*llama_ext.host_alloc_fns(llama_cpp), ctypes.addressof(self._device_name))
 
     def slots(self, slot_class: int, kind: int) -> tuple[int, int]:
         """(the handle for llama_moe_cache_tensor.slots, where they start)."""

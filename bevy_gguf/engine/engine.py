@@ -188,7 +188,8 @@ class LLMEngine:
         c = self.cache
         models = getattr(self.runner, "cost_models", [])
         return {"scheduler": self.scheduler.name, "scheduler_note": self.scheduler_note,
-                "link": c.link_name, "store": c.store, "bytes": c.budget_bytes, "slots": c.n_slots,
+                "link": c.link_name, "store": c.store, "staging_pinned": c.staging_pinned(),
+                "bytes": c.budget_bytes, "slots": c.n_slots,
                 "class_slots": list(c.class_slots), "wasted_bytes": c.wasted_bytes,
                 "repacked": len(c.repacked), "expert_tensors": len(self.info.expert_tensors),
                 "micro_batch": self.runner.micro_batch if self.runner else None, "decode": stats.decode_counters,

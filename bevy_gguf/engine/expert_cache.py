@@ -215,6 +215,10 @@ class ExpertCache:
         copy (unaligned O_DIRECT; whole link)."""
         return self.native.counters(il) | {"link_bounced": self.native.link.bounced()}
 
+    def staging_pinned(self) -> int:
+        """Upload workers' staging buffers in the device's pinned host memory (0: host memory)."""
+        return self.native.staging_given() if self.native is not None else 0
+
     def pinned(self) -> int:
         """Slots pinned right now (0 when no graph runs and nothing is reserved)."""
         return self.native.pinned()

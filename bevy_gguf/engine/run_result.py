@@ -42,6 +42,7 @@ class RunResult:
                       "stall_s": round(c.get("stall_ns", 0) / 1e9, 6), "link": self.cache["link"],
                       "scheduler": self.cache["scheduler"], "scheduler_note": self.cache["scheduler_note"],
                       "expert_cache_bytes": self.cache["bytes"], "expert_store": self.cache["store"],
+                      "pinned_staging_buffers": self.cache["staging_pinned"],
                       "expert_cache_slots": self.cache["slots"], "micro_batch": self.cache["micro_batch"],
                       "slot_classes": self.cache["class_slots"],
                       "expert_cache_wasted_bytes": self.cache["wasted_bytes"],

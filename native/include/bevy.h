@@ -185,6 +185,16 @@ typedef int32_t (*bevy_slot_writer_fn)(int32_t type, int64_t ne0, int64_t ne1, v
 // slot by fn (NULL: read straight into the slot, the default); set before any load
 BEVY_API int32_t      bevy_cache_set_writer(bevy_cache * cache, int32_t il, int32_t kind, bevy_slot_writer_fn fn,
                                             int32_t type, int64_t ne0, int64_t ne1);
+// Where an upload worker's staging buffer (what a slot writer's expert is read into) comes from: by
+// default 4 KiB-aligned host memory; alloc(user, nbytes, &handle) may give other memory (pinned
+// host memory, which a GPU copies from at full speed: llama_moe_host_alloc has this signature) or
+// NULL for the default; free(handle) gives it back. Set before any load.
+typedef void * (*bevy_staging_alloc_fn)(void * user, uint64_t nbytes, void ** handle);
+typedef void   (*bevy_staging_free_fn)(void * handle);
+BEVY_API int32_t      bevy_cache_set_staging(bevy_cache * cache, bevy_staging_alloc_fn alloc, bevy_staging_free_fn free,
+                                             void * user);
+// staging buffers alloc has given so far (the others: default host memory)
+BEVY_API int64_t      bevy_cache_staging_given(const bevy_cache * cache);
 // the slots of kind k of class c; NULL on a bad class or kind (or external slots not given yet)
 BEVY_API void *       bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind);
 // external_slots: where the slots of kind k of class c live (class_slots[c] x class_kind_bytes[c][k]

@@ -123,7 +123,13 @@ int32_t CacheHook::call(const bevy_moe_call * call) {
     if (call->pass == 2) {
         return second_pass(call, t_enter); // the layer's pins stay: its first pass still holds them
     }
-    cache_->release(pins_); // the previous layer's matmuls are done
+    // The previous layer's matmuls are done: this hook op runs after them in the graph. On a CPU
+    // cache that is graph order; with the slots on a GPU (--device) the hook is a CPU op between
+    // GPU splits: ggml_backend_sched waits for the GPU's stream before it copies this op's input
+    // (the router's ids) to the host, and that stream runs in order, so the previous layer's
+    // kernels have finished reading their slots before they are unpinned here (stock's -ot
+    // exps=CPU pays the same sync per MoE layer; tests/e2e/test_cuda.py runs this on CUDA).
+    cache_->release(pins_);
     leave_gate();           // and this context may have to wait now
     end_compute(t_enter);
     if (call->il < 0) {

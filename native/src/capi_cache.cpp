@@ -97,6 +97,19 @@ void * bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind) {
     return data;
 }
 
+int32_t bevy_cache_set_staging(bevy_cache * cache, bevy_staging_alloc_fn alloc, bevy_staging_free_fn free, void * user) {
+    if ((alloc == nullptr) != (free == nullptr)) {
+        last_error() = "bevy_cache_set_staging: give both alloc and free, or neither";
+        return -1;
+    }
+    cache->cache->set_staging({alloc, free, user});
+    return 0;
+}
+
+int64_t bevy_cache_staging_given(const bevy_cache * cache) {
+    return cache->cache->staging_custom();
+}
+
 int32_t bevy_cache_set_class_data(bevy_cache * cache, int32_t c, int32_t kind, void * data) {
     if (!cache->cache->config().external_slots) {
         last_error() = "bevy_cache_set_class_data: this cache allocates its own slots (external_slots 0)";

@@ -13,7 +13,7 @@ constexpr uint64_t kSlotAlign = 4096;
 
 ExpertCache::ExpertCache(const CacheConfig & cfg, Link * link, std::string & err)
     : cfg_(cfg), link_(link), sources_((size_t) cfg.n_layer * std::max(cfg.n_kinds, 1), 0),
-      writers_(sources_.size()),
+      writers_(sources_.size()), staging_(std::max(cfg.n_workers, 0)),
       dir_(cfg.n_layer, cfg.n_expert, cfg.n_slots, cfg.policy, cfg.seed),
       layer_counters_(cfg.n_layer), used_(cfg.n_expert, 0), load_errors_(cfg.n_slots),
       requested_((size_t) std::max(cfg.n_layer, 0) * std::max(cfg.n_expert, 0), 0) {
@@ -90,25 +90,42 @@ bool ExpertCache::make_classes(std::string & err) {
     return true;
 }
 
-// this thread's staging buffer for an expert that a slot writer lays out (aligned for O_DIRECT reads)
-void * ExpertCache::staging_buffer(uint64_t nbytes) {
-    struct Staging {
-        void *   data = nullptr;
-        uint64_t size = 0;
-        ~Staging() { std::free(data); }
-    };
-    thread_local Staging buf;
-    if (buf.size < nbytes) {
-        std::free(buf.data);
-        const uint64_t size = (nbytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
-        buf.data = std::aligned_alloc(kSlotAlign, size);
-        buf.size = buf.data ? size : 0;
+// a worker's staging buffer for an expert that a slot writer lays out: the staging allocator's
+// memory (pinned host memory for a GPU) where it gives some, else 4 KiB-aligned host memory (both
+// fit O_DIRECT reads); grown as needed, freed with the cache
+void * ExpertCache::staging_buffer(int32_t worker, uint64_t nbytes) {
+    Staging & buf = staging_[worker];
+    if (buf.size >= nbytes) {
+        return buf.data;
     }
+    free_staging(buf);
+    const uint64_t size = (nbytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+    if (staging_alloc_.alloc) {
+        buf.data = staging_alloc_.alloc(staging_alloc_.user, size, &buf.handle);
+        staging_custom_ += buf.data != nullptr;
+    }
+    if (!buf.data) {
+        buf.handle = nullptr;
+        buf.data   = std::aligned_alloc(kSlotAlign, size);
+    }
+    buf.size = buf.data ? size : 0;
     return buf.data;
+}
+
+void ExpertCache::free_staging(Staging & buf) {
+    if (buf.handle) {
+        staging_alloc_.free(buf.handle);
+    } else {
+        std::free(buf.data);
+    }
+    buf = {};
 }
 
 ExpertCache::~ExpertCache() {
     queue_.reset(); // joins the workers before the memory they write goes away
+    for (Staging & buf : staging_) {
+        free_staging(buf);
+    }
     if (!cfg_.external_slots) {
         for (void * mem : memory_) {
             std::free(mem);
@@ -141,7 +158,7 @@ bool ExpertCache::load(const LoadJob & queued, int32_t worker) {
             ok = link_->read(offset, nbytes, dst, err);
             continue;
         }
-        void * staging = staging_buffer(nbytes);
+        void * staging = staging_buffer(worker, nbytes);
         ok = staging && link_->read(offset, nbytes, staging, err);
         if (!staging) {
             err = "no memory for a staging buffer of " + std::to_string(nbytes) + " bytes";

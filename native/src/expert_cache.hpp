@@ -8,6 +8,7 @@
 #include "slot_directory.hpp"
 #include "upload_queue.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -74,6 +75,14 @@ public:
         int64_t ne1  = 0;
     };
     void  set_writer(int32_t il, int32_t kind, const SlotWriter & w) { writers_[(size_t) il * cfg_.n_kinds + kind] = w; }
+    // where the workers' staging buffers come from (bevy_cache_set_staging); set before any load
+    struct StagingAlloc {
+        bevy_staging_alloc_fn alloc = nullptr;
+        bevy_staging_free_fn  free  = nullptr;
+        void *                user  = nullptr;
+    };
+    void  set_staging(const StagingAlloc & a) { staging_alloc_ = a; }
+    int64_t staging_custom() const { return staging_custom_; } // staging buffers the allocator gave
     void * slot_data(int32_t c, int32_t kind) const { return memory_[(size_t) c * cfg_.n_kinds + kind]; }
     // external slots: the memory of kind k's slots of class c (never freed here)
     void  set_slot_data(int32_t c, int32_t kind, void * data) { memory_[(size_t) c * cfg_.n_kinds + kind] = data; }
@@ -154,7 +163,13 @@ private:
     int32_t wait_loaded_locked(std::unique_lock<std::mutex> & lock, int32_t il, const int64_t * slots, int32_t n,
                                std::chrono::steady_clock::time_point deadline, std::string & err);
     bool load(const LoadJob & job, int32_t worker); // false: nothing to load after all
-    static void * staging_buffer(uint64_t nbytes); // per thread, for slot writers
+    struct Staging {
+        void *   data   = nullptr;
+        uint64_t size   = 0;
+        void *   handle = nullptr; // the staging allocator's (NULL: std::aligned_alloc's)
+    };
+    void * staging_buffer(int32_t worker, uint64_t nbytes); // per worker, for slot writers
+    void   free_staging(Staging & buf);
     // A scheduler's load (queued without a slot, so that it evicts nothing while it waits its
     // turn): choose its slot now, reserved for the scheduler until its next refresh if that
     // refresh still wants it (so an owner never reserves more than its admitted flights need,
@@ -182,6 +197,9 @@ private:
     std::vector<void *>     memory_;   // per (class, kind): its slots * its kind bytes (ours unless external_slots)
     std::vector<uint64_t>   sources_;  // per (layer, kind)
     std::vector<SlotWriter> writers_;  // per (layer, kind)
+    std::vector<Staging>    staging_;  // per upload worker
+    StagingAlloc            staging_alloc_;
+    std::atomic<int64_t>    staging_custom_{0};
 
     mutable std::mutex      mutex_;
     std::condition_variable changed_;  // a slot became ready, failed, or was unpinned

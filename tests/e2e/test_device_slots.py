@@ -25,6 +25,7 @@ def test_device_slots_give_the_host_stores_logits_to_the_bit(tmp_path: Path, tin
     result, device = probe_logits(tmp_path, "patched", tiny_model, "none", "--cache", size, "--device", "CPU")
     assert result["error"] is None and result["store"] == "CPU"
     assert result["counters"]["loads"] > 0
+    assert result["staging_pinned"] == 0  # ggml's CPU device has no pinned host memory: plain staging
     assert np.array_equal(host, device)
 
 
@@ -152,15 +153,30 @@ def test_a_device_cache_writes_only_through_its_writer(qwen3_tiny: Path) -> None
         return native, memory
 
     copy = WRITER(lambda _t, _a, _b, dst, src, n: ctypes.memmove(dst, src, n) and 0)
+    given: list[ctypes.Array] = []  # a staging allocator's memory (a GPU's pinned host memory stands here)
+    alloc_fn = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p))
+    free_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+    @alloc_fn
+    def alloc(_user: int, nbytes: int, handle: ctypes._Pointer) -> int:
+        given.append(ctypes.create_string_buffer(nbytes + 4096))
+        handle[0] = len(given)
+        return ctypes.addressof(given[-1]) + (-ctypes.addressof(given[-1]) % 4096)
+
+    freed: list[int] = []
+    free = free_fn(freed.append)
     for writer in (None, ctypes.cast(copy, ctypes.c_void_p).value):
         native, memory = cache_with(writer)
+        native.set_staging(ctypes.cast(alloc, ctypes.c_void_p).value, ctypes.cast(free, ctypes.c_void_p).value, 0)
         try:
             loaded = load_expert_0(SimpleNamespace(native=native, flights=lambda: Flights(info.n_layer)),
                                    timeout_s=0.5 if writer is None else 10.0)
             assert loaded == (writer is not None)
             assert (expert_0 in memory.raw) == loaded
+            assert native.staging_given() == (1 if loaded else 0)  # the expert was read into its memory
         finally:
             native.close()
+    assert freed == [1] and expert_0 in given[0].raw
 
 
 def test_the_bench_on_a_device_placement_runs_stock_as_gpu_users_do(tmp_path: Path) -> None:

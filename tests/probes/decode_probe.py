@@ -139,6 +139,7 @@ def main() -> int:
     if cache is not None:
         result["slots"] = cache.n_slots
         result["counters"] = cache.counters()
+        result["staging_pinned"] = cache.staging_pinned()
         cache.close()
     np.save(args.out, np.array(logits, dtype=np.float32))
     result["outputs"] = len(logits)

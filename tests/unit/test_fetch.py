@@ -61,3 +61,34 @@ def test_real_patched_tree_carries_the_series() -> None:
     assert series and sorted(p.name for p in applied.glob("*.patch")) == sorted(series)
     stock_graph = (ROOT / "build" / "src" / "stock" / "src" / "llama-graph.cpp").read_text()
     assert "moe_hook" not in stock_graph
+
+
+def test_a_pruned_copy_keeps_what_the_builds_and_the_binding_need(tmp_path: Path) -> None:
+    """The copy scripts/gpu_check.sh carries: the build's sources, ggml-cpu and ggml-cuda, the binding's
+    Python files, a stamp naming the pinned sdist; not the docs, models, tests or other backends.
+    Laid out again with --pruned, the patch series applies to it (make gpu-dry-run builds from it)."""
+    import tarfile
+
+    pin = fetch.read_pin()
+    out = tmp_path / "pruned.tar.gz"
+    fetch.make_pruned(fetch.fetch_sdist(pin), pin, out)
+    top = pin["filename"].removesuffix(".tar.gz")
+    with tarfile.open(out) as tar:
+        names = set(tar.getnames())
+    vendor = f"{top}/vendor/llama.cpp/"
+    for kept in ("CMakeLists.txt", "src/llama.cpp", "ggml/src/ggml-cpu/repack.cpp", "ggml/src/ggml-cuda/ggml-cuda.cu",
+                 "tools/quantize/quantize.cpp", "tools/batched-bench/batched-bench.cpp", "common/common.cpp"):
+        assert vendor + kept in names, kept
+    assert f"{top}/llama_cpp/llama_cpp.py" in names and f"{top}/{fetch.PRUNED_STAMP}" in names
+    gone = ("docs/", "models/", "tests/", "ggml/src/ggml-vulkan/")
+    assert not any(n.startswith(vendor + p) for n in names for p in gone)
+    assert out.stat().st_size < 16 << 20
+    fetch.check_pruned(out, pin)
+    with pytest.raises(fetch.FetchError, match="another sdist"):
+        fetch.check_pruned(out, pin | {"sha256": "0" * 64})
+    with pytest.raises(fetch.FetchError, match="not a pruned copy"):
+        fetch.check_pruned(fetch.fetch_sdist(pin), pin)
+    src = tmp_path / "src"
+    assert fetch.extract_tree(out, pin, src / "patched", pruned=True)
+    fetch.apply_series(src / "patched")
+    assert (src / "patched" / fetch.APPLIED_DIR_NAME / "0008-llama-moe-device-slots.patch").exists()
