@@ -51,6 +51,16 @@ RUNNER_STATS = {"lanes": "lanes_used", "two_pass_overhead_s": "pass_overhead_s",
                 "runahead": "runahead_stats", "lane_time": "time_split"}
 
 
+def experts_in_host_memory(config: EngineConfig, n_layer: int) -> int:
+    """How many leading layers keep their routed expert tensors in host memory (llama.cpp's
+    --n-cpu-moe): the stock engine, as asked; the bevy engine, every layer once any is on a GPU
+    (-ngl), so that the model's own expert tensors stay mapped and unread (lazy experts) instead
+    of being uploaded to the GPU beside the cache, which is the only place its matmuls read them."""
+    if config.engine == "stock":
+        return min(config.n_cpu_moe, n_layer)
+    return n_layer if config.gpu_layers > 0 else 0
+
+
 class LLMEngine:
     """Owns the model, the expert cache (the bevy engine only) and makes the runners."""
 
@@ -72,7 +82,7 @@ class LLMEngine:
         self.device = None if self.stock or config.device is None else find_device(
             llama_ext.devices(self.lib), config.device, config.gpu_layers)
         self.model = Model(self.lib, config.model, repack=config.repack, gpu_layers=config.gpu_layers,
-                           cpu_moe_layers=min(config.n_cpu_moe, self.info.n_layer) if self.stock else 0)
+                           cpu_moe_layers=experts_in_host_memory(config, self.info.n_layer))
         self.cache: ExpertCache | None = None
         try:
             if not self.stock:

@@ -36,6 +36,9 @@ def test_defaults_read_the_machine_not_a_constant() -> None:
     ({"n_ctx": 1}, "n_ctx must be an integer of at least 2"),
     ({"flash_attn": "yes"}, "choose one of auto, off, on"),
     ({"runahead": "always"}, "runahead 'always': choose one of auto, on, off"),
+    ({"gpu_layers": -1}, "gpu_layers must be an integer of at least 0"),
+    ({"n_cpu_moe": True}, "n_cpu_moe must be an integer of at least 0"),
+    ({"device": " "}, "device must be a ggml device name"),
 ])
 def test_every_bad_value_is_one_clear_error(bad: dict, fragment: str) -> None:
     with pytest.raises(BevyError, match=None) as e:
@@ -69,3 +72,18 @@ def test_bevy_needs_a_layer_range_builder_and_falls_back_to_bevy_ctx_elsewhere()
         for other in ("bevy-ctx", "blocking", "prefetch"):  # they need no layer range
             scheduler, note = runnable_scheduler(other, arch)
             assert scheduler.name == other and note is None
+
+
+def test_the_models_own_experts_stay_in_host_memory_where_they_should() -> None:
+    """Stock: llama.cpp's --n-cpu-moe as given; bevy: every layer once -ngl puts any on a GPU (its
+    experts are read from the cache only, never uploaded beside it), none without."""
+    from bevy_gguf.engine.engine import experts_in_host_memory
+
+    def cfg(**kw: object) -> EngineConfig:
+        return EngineConfig(model=Path("m.gguf"), **kw)
+
+    assert experts_in_host_memory(cfg(engine="stock", n_cpu_moe=3), 8) == 3
+    assert experts_in_host_memory(cfg(engine="stock", n_cpu_moe=1 << 16, gpu_layers=99), 8) == 8
+    assert experts_in_host_memory(cfg(engine="stock", gpu_layers=99), 8) == 0
+    assert experts_in_host_memory(cfg(gpu_layers=99), 8) == 8
+    assert experts_in_host_memory(cfg(gpu_layers=0, n_cpu_moe=4), 8) == 0
