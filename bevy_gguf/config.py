@@ -123,6 +123,9 @@ def _parse_faults(text: str, plan: str) -> tuple[tuple[str, float], ...]:
     return tuple(faults)
 
 
+EVERY_LAYER = 1 << 16  # n_cpu_moe for llama.cpp's --cpu-moe: more layers than any model has
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """Everything one engine needs. `engine="stock"` runs unpatched llama.cpp (one context,

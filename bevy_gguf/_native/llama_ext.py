@@ -60,14 +60,17 @@ def repacks(llama_cpp: ModuleType, ggml_type: int, ne0: int, ne1: int) -> bool:
     return bool(_symbol(llama_cpp, "llama_moe_repacks", (c_int32, c_int64, c_int64), c_bool)(ggml_type, ne0, ne1))
 
 
-def write_repacked_fn(llama_cpp: ModuleType) -> int:
-    """The address of int32_t llama_moe_write_repacked(int32_t type, int64_t ne0, int64_t ne1, void * dst,
-                                                         const void * src, uint64_t nbytes);
-
-    (a libbevy slot writer: the upload workers call it, without the GIL)"""
-    fn = _symbol(llama_cpp, "llama_moe_write_repacked", (c_int32, c_int64, c_int64, c_void_p, c_void_p, c_uint64),
-                 c_int32)
+def _slot_writer(llama_cpp: ModuleType, name: str) -> int:
+    """The address of a libbevy slot writer of the patched libllama (bevy_slot_writer_fn's prototype:
+    int32_t (int32_t type, int64_t ne0, int64_t ne1, void * dst, const void * src, uint64_t nbytes));
+    the upload workers call it, without the GIL."""
+    fn = _symbol(llama_cpp, name, (c_int32, c_int64, c_int64, c_void_p, c_void_p, c_uint64), c_int32)
     return ctypes.cast(fn, c_void_p).value
+
+
+def write_repacked_fn(llama_cpp: ModuleType) -> int:
+    """The address of llama_moe_write_repacked: one expert into a slot in ggml-cpu's repacked layout."""
+    return _slot_writer(llama_cpp, "llama_moe_write_repacked")
 
 
 def devices(llama_cpp: ModuleType) -> list[tuple[str, int]]:
@@ -112,13 +115,9 @@ def slots_free(llama_cpp: ModuleType, handle: int) -> None:
 
 
 def write_device_fn(llama_cpp: ModuleType) -> int:
-    """The address of int32_t llama_moe_write_device(int32_t type, int64_t ne0, int64_t ne1, void * dst,
-                                                       const void * src, uint64_t nbytes);
-
-    (a libbevy slot writer into device slots: ggml_backend_tensor_set, complete when it returns)"""
-    fn = _symbol(llama_cpp, "llama_moe_write_device", (c_int32, c_int64, c_int64, c_void_p, c_void_p, c_uint64),
-                 c_int32)
-    return ctypes.cast(fn, c_void_p).value
+    """The address of llama_moe_write_device: one expert into device slots (ggml_backend_tensor_set,
+    complete when it returns)."""
+    return _slot_writer(llama_cpp, "llama_moe_write_device")
 
 
 def set_two_pass(llama_cpp: ModuleType, ctx: int, two_pass: bool) -> None:

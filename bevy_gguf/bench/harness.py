@@ -27,7 +27,7 @@ from tqdm import tqdm
 from bevy_gguf.bench.memcap import MemoryCap, evict_page_cache
 from bevy_gguf.bench.variants import base_of, parse_system
 from bevy_gguf.bench.worker import BEVY_SYSTEMS, STOCK_SYSTEMS, SYSTEMS
-from bevy_gguf.config import DEFAULT_RUNAHEAD, LinkSpec, parse_cache_size, physical_cores
+from bevy_gguf.config import DEFAULT_RUNAHEAD, EVERY_LAYER, LinkSpec, parse_cache_size, physical_cores
 from bevy_gguf.engine.cache_layout import CacheLayout
 from bevy_gguf.engine.stats import hit_rate
 from bevy_gguf.errors import BevyError
@@ -377,7 +377,7 @@ def _run_offload(cfg: BenchConfig, info: Any, pct: float, unpacked: list[dict[st
     the routed experts in host memory, computed on the CPU, no cap."""
     if cfg.gpu_layers:
         notes[pct] = f"-ngl {cfg.gpu_layers} -ot exps=CPU (--cpu-moe)"
-        return run_worker(_spec(cfg, "stock-offload", f"{pct}%", cfg.link) | {"n_cpu_moe": 1 << 16})
+        return run_worker(_spec(cfg, "stock-offload", f"{pct}%", cfg.link) | {"n_cpu_moe": EVERY_LAYER})
     peaks = [r["peak_rss_bytes"] for r in unpacked if "error" not in r]
     if not peaks:
         return {"system": "stock-offload", "error": "unavailable: stock --no-repack did not run, so no cap"}

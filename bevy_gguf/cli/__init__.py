@@ -11,6 +11,7 @@ from pathlib import Path
 from bevy_gguf.config import (
     DEFAULT_RUNAHEAD,
     ENGINES,
+    EVERY_LAYER,
     EVICTIONS,
     FLASH_ATTN,
     RUNAHEAD,
@@ -44,6 +45,19 @@ def positive(name: str, kind: type = int):  # noqa: ANN201 - an argparse type
             raise argparse.ArgumentTypeError(f"{name} must be {what}, got {value!r}") from None
         if (n < 1 if kind is int else not n > 0):
             raise argparse.ArgumentTypeError(f"{name} must be {'at least 1' if kind is int else 'above 0'}, got {n}")
+        return n
+    return parse
+
+
+def non_negative(name: str):  # noqa: ANN201 - an argparse type
+    """An argparse type: an integer of at least 0."""
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
+        if n < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 0, got {n}")
         return n
     return parse
 
@@ -273,13 +287,14 @@ def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: b
                    help="flash attention, as llama.cpp's -fa (default auto)")
     p.add_argument("-nr", "--no-repack", action="store_true",
                    help="as llama.cpp's: keep weights as the file has them (no interleaved CPU layouts)")
-    p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=int, default=0, metavar="N",
+    p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=non_negative("--gpu-layers"),
+                   default=0, metavar="N",
                    help="as llama.cpp's -ngl: layers whose dense weights and KV cache live on the GPU (default 0); "
                         "routed experts stay in the expert cache")
-    p.add_argument("-ncmoe", "--n-cpu-moe", type=int, default=0, metavar="N",
+    p.add_argument("-ncmoe", "--n-cpu-moe", type=non_negative("--n-cpu-moe"), default=0, metavar="N",
                    help="stock engine, as llama.cpp's: the routed experts of the first N layers stay in host memory "
                         "(bevy's live in its cache)")
-    p.add_argument("-cmoe", "--cpu-moe", dest="n_cpu_moe", action="store_const", const=1 << 16,
+    p.add_argument("-cmoe", "--cpu-moe", dest="n_cpu_moe", action="store_const", const=EVERY_LAYER,
                    help="stock engine, as llama.cpp's: every layer's routed experts in host memory")
     p.add_argument("--device", default=None, metavar="NAME",
                    help="keep the expert cache in this ggml device's memory (e.g. CUDA0; CPU: ggml's CPU device); "
@@ -397,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="serve: requests finished before the measured window (default: --parallel)")
     be.add_argument("-t", "--threads", type=positive("--threads"), default=physical_cores(),
                     help="threads (default: this machine's physical cores, %(default)s)")
-    be.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=int, default=0, metavar="N",
+    be.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=non_negative("--gpu-layers"),
+                    default=0, metavar="N",
                     help="every system's -ngl (see run --help)")
     be.add_argument("--device", default=None, metavar="NAME",
                     help="bevy-gguf's systems keep their expert cache on this ggml device (see run --help)")

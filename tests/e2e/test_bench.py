@@ -173,7 +173,8 @@ def test_ratios_and_markdown_handle_missing_rows() -> None:
 
 
 def test_bad_bench_arguments(qwen3_tiny: Path) -> None:
-    for args, fragment in ((["--systems", "llama"], "unknown system"), (["--sweep", "size=1"], "cache=25%")):
+    for args, fragment in ((["--systems", "llama"], "unknown system"), (["--sweep", "size=1"], "cache=25%"),
+                           (["-ngl", "-1"], "--gpu-layers must be at least 0")):
         proc = run_cli("bench", qwen3_tiny, *args, check=False)
         assert proc.returncode != 0 and fragment in proc.stderr and "Traceback" not in proc.stderr
 
