@@ -54,7 +54,7 @@ gpu-bundle: venv
 		'import importlib.metadata as m; print(*(f"{p}=={m.version(p)}" for p in ("gguf", "diskcache")))')
 
 gpu-dry-run: gpu-bundle
-	scripts/gpu_check.sh --dry-run-cpu build/gpu-dry-run
+	JOBS=$(JOBS) scripts/gpu_check.sh --dry-run-cpu build/gpu-dry-run
 
 soak: build
 	$(BIN)/bevy-gguf make-model $(SOAK_MODEL) --layers 4 --experts 16 --top-k 2 --embd 64 --ff 64

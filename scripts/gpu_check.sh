@@ -23,7 +23,7 @@
 # --phase build stops after the build, --phase bench starts at the tests (two device calls of under
 # 10 minutes each: the build outputs stay on a warm machine in between).
 #
-# --dry-run-cpu: the same steps on this CPU (no CUDA; ggml's CPU device in place of CUDA0; -j2; a
+# --dry-run-cpu: the same steps on this CPU (no CUDA; ggml's CPU device in place of CUDA0; -j JOBS; a
 # tiny model; a fresh venv holding only the packages such a machine has, installed from PyPI as its
 # stand-in), into WORK=build/gpu-check; `make gpu-dry-run` runs it.
 set -uo pipefail
@@ -54,7 +54,7 @@ STEPS="$OUTDIR/steps.txt"
 
 if [[ $DRY == 1 ]]; then
     WORK="${BEVY_GPU_WORK:-$ROOT/build/gpu-check}"
-    JOBS="${JOBS:-2}"; CUDA=OFF; DEVICE=CPU
+    JOBS="${JOBS:-$(nproc)}"; CUDA=OFF; DEVICE=CPU
     MODEL_ARGS=(--layers 4 --experts 32 --top-k 4 --embd 256 --ff 256)
     BENCH_ARGS=(--repeats 1 --steps 16)
     BUILD_S=3000
