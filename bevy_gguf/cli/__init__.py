@@ -63,7 +63,7 @@ def non_negative(name: str):  # noqa: ANN201 - an argparse type
 
 
 MODEL_FIELDS = ("arch", "experts", "top_k", "embd", "ff", "heads", "kv_heads", "head_size", "shared_ff",
-                "dense_layers", "dense_ff", "vocab", "seed", "dtype")
+                "dense_layers", "dense_ff", "vocab", "kv_lora", "seed", "dtype")
 
 
 def _make_model_spec(args: argparse.Namespace) -> ModelSpec:
@@ -347,10 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
                        ("--top-k", "experts per token"), ("--embd", "hidden size"), ("--ff", "expert width"),
                        ("--heads", "attention heads (0: embd / head size)"), ("--kv-heads", "KV heads (0: heads)"),
                        ("--head-size", "head dimension (0: 64, 32 below 256 wide)"),
-                       ("--shared-ff", "shared expert width (qwen2moe, glm4moe; 0: ff)"),
-                       ("--dense-layers", "leading dense FFN layers (glm4moe)"),
+                       ("--shared-ff", "shared expert width (qwen2moe, glm4moe, deepseek2: a multiple of ff; 0: ff)"),
+                       ("--dense-layers", "leading dense FFN layers (glm4moe, deepseek2)"),
                        ("--dense-ff", "their width (0: 4 ff)"),
                        ("--vocab", "vocabulary size, padded with unused tokens (0: the tokenizer's)"),
+                       ("--kv-lora", "deepseek2's compressed KV width, MLA's kv_lora_rank (0: 4 head size)"),
                        ("--seed", "random seed")):
         field = flag[2:].replace("-", "_")
         mm.add_argument(flag, type=int, help=f"{what}; default {getattr(DEFAULT, field)}")

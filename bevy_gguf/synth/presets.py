@@ -1,7 +1,8 @@
 """Shape presets: the published configurations of the MoE models people run (`make-model --preset`).
 
 Each preset is the model's config.json in our spec's terms (hidden size, experts, top-k, expert
-width, heads, KV heads, head dimension, shared expert, dense leading layers, vocabulary), with
+width, heads, KV heads, head dimension, shared expert, dense leading layers, vocabulary, and
+for deepseek2 MLA's compressed KV width), with
 the total parameter count its authors publish, so a test can hold the shape to it. `--layers N`
 shortens a preset to its first N layers (the dense leading ones kept).
 """
@@ -50,6 +51,10 @@ PRESETS: dict[str, Preset] = {
         ModelSpec(arch="glm4moe", layers=46, experts=128, top_k=8, embd=4096, ff=1408, shared_ff=1408,
                   dense_layers=1, dense_ff=10944, heads=96, kv_heads=8, head_size=128, vocab=151552),
         106e9, "zai-org/GLM-4.5-Air config.json (without its MTP layer)"),
+    "deepseek-v2-lite": Preset(
+        ModelSpec(arch="deepseek2", layers=27, experts=64, top_k=6, embd=2048, ff=1408, shared_ff=2816,
+                  dense_layers=1, dense_ff=10944, heads=16, head_size=128, kv_lora=512, vocab=102400),
+        15.7e9, "deepseek-ai/DeepSeek-V2-Lite config.json"),
 }
 
 

@@ -127,6 +127,32 @@ class Recipe:
         wo[:, :TOPIC_DIMS] = ATTN_CONTEXT_GAIN * c @ rot  # ... and writes them into the context
         return wo.astype(np.float32)
 
+    def mla_attention(self, layer: int, key: str) -> np.ndarray:
+        """deepseek2's attention weight `key`: zero queries (q) and key decompression (k_b), so it
+        averages over earlier positions as above; the compressed KV (kv_a) reads the topic into
+        its first coordinates, and head 0's value decompression (v_b) passes them to the output
+        projection (attention() "o"), which writes them into the context."""
+        s, d = self.spec, self.spec.embd
+        rank, rope, hd = s.kv_lora_rank, s.rope_dim, s.head_dim
+        _, t, _, _ = self.basis
+        if key == "q":
+            return np.zeros((s.n_head * (hd + rope), d), dtype=np.float32)
+        if key == "k_b":
+            return np.zeros((s.n_head, rank, hd), dtype=np.float32)
+        if key == "kv_a":
+            w = np.zeros((rank + rope, d))
+            w[:TOPIC_DIMS, :] = t.T
+            return w.astype(np.float32)
+        wv = np.zeros((s.n_head, hd, rank))
+        wv[0, :TOPIC_DIMS, :TOPIC_DIMS] = np.eye(TOPIC_DIMS)
+        return wv.astype(np.float32)
+
+    def mla_kv_norm_gain(self) -> float:
+        """attn_kv_a_norm's weight: the compressed KV is RMS-normalized over its width, which
+        would scale a token's topic (its only content) to norm sqrt(rank); this brings it back to
+        about the norm the topic has in the normalized residual (sqrt(D) x EMB_TOPIC)."""
+        return float(np.sqrt(self.spec.embd) * EMB_TOPIC / np.sqrt(self.spec.kv_lora_rank))
+
     def router(self, layer: int) -> np.ndarray:
         """[E, D] router rows."""
         s = self.spec

@@ -11,9 +11,9 @@ from pathlib import Path
 from bevy_gguf.errors import BevyError
 from bevy_gguf.synth.tokenizer import N_VOCAB
 
-ARCHS = ("qwen3moe", "qwen2moe", "mixtral", "glm4moe", "gpt-oss")
-SHARED_EXPERT_ARCHS = ("qwen2moe", "glm4moe")  # archs whose MoE layers have a shared expert
-DENSE_LEAD_ARCHS = ("glm4moe",)                # archs that may start with dense FFN layers
+ARCHS = ("qwen3moe", "qwen2moe", "mixtral", "glm4moe", "gpt-oss", "deepseek2")
+SHARED_EXPERT_ARCHS = ("qwen2moe", "glm4moe", "deepseek2")  # archs whose MoE layers have a shared expert
+DENSE_LEAD_ARCHS = ("glm4moe", "deepseek2")                # archs that may start with dense FFN layers
 DTYPES = ("f16", "q8_0")
 # llama-quantize's file types that need no importance matrix (the IQ1/IQ2 ones do, and we make none)
 QUANTIZE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S",
@@ -23,7 +23,7 @@ MIN_VOCAB = N_VOCAB
 TOPIC_HEAD_MIN = 16  # head 0 carries the recipe's 16 topic coordinates (recipe.py)
 # the shape fields in the key, where set: tag
 SHAPE_TAGS = (("heads", "H"), ("kv_heads", "KV"), ("head_size", "hd"), ("shared_ff", "SF"),
-              ("dense_layers", "DL"), ("dense_ff", "DF"), ("vocab", "V"))
+              ("dense_layers", "DL"), ("dense_ff", "DF"), ("vocab", "V"), ("kv_lora", "KL"))
 TENSOR_TYPE = re.compile(r"[A-Za-z0-9_.]+=[A-Za-z0-9_]+")  # llama-quantize --tensor-type NAME=TYPE
 
 
@@ -59,6 +59,7 @@ class ModelSpec:
     dense_layers: int = 0  # leading layers with a dense FFN instead of experts (glm4moe)
     dense_ff: int = 0      # their width (0: 4 * ff)
     vocab: int = 0         # vocabulary padded with unused tokens to this size (0: the tokenizer's own)
+    kv_lora: int = 0       # deepseek2's compressed KV width, MLA's kv_lora_rank (0: 4 x head_size)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -87,7 +88,7 @@ class ModelSpec:
         self._check_shape()
 
     def _check_shape(self) -> None:
-        for name in ("heads", "kv_heads", "head_size", "shared_ff", "dense_layers", "dense_ff", "vocab"):
+        for name in ("heads", "kv_heads", "head_size", "shared_ff", "dense_layers", "dense_ff", "vocab", "kv_lora"):
             if getattr(self, name) < 0:
                 raise BevyError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 0")
         if self.head_size and (self.head_size < TOPIC_HEAD_MIN or self.head_size % 2):
@@ -105,8 +106,23 @@ class ModelSpec:
                             f"({', '.join(DENSE_LEAD_ARCHS)} do)")
         if self.dense_layers >= self.layers:
             raise BevyError(f"--dense-layers {self.dense_layers} leaves no MoE layer of --layers {self.layers}")
+        if self.kv_lora and self.arch != "deepseek2":
+            raise BevyError(f"--kv-lora: {self.arch} has no compressed KV (deepseek2 has)")
+        if self.arch == "deepseek2":
+            self._check_mla()
         if self.vocab and self.vocab < MIN_VOCAB:
             raise BevyError(f"--vocab {self.vocab} is below the tokenizer's {MIN_VOCAB} tokens")
+
+    def _check_mla(self) -> None:
+        if self.kv_lora % 32:
+            raise BevyError(f"--kv-lora {self.kv_lora} must be a multiple of 32")
+        if self.head_dim % 4:
+            raise BevyError(f"--head-size {self.head_dim}: deepseek2 rotates half of it, so it must be a multiple of 4")
+        if self.kv_heads and self.kv_heads != self.n_head:
+            raise BevyError("--kv-heads: deepseek2's attention (MLA) shares one compressed KV, leave it unset")
+        if self.shared_ff and self.shared_ff % self.ff:
+            raise BevyError(f"--shared-ff {self.shared_ff}: deepseek2's shared experts are --ff wide each, "
+                            f"so it must be a multiple of --ff {self.ff}")
 
     @property
     def head_dim(self) -> int:
@@ -128,6 +144,21 @@ class ModelSpec:
     def shared_width(self) -> int:
         """The shared expert's width (0: none)."""
         return (self.shared_ff or self.ff) if self.arch in SHARED_EXPERT_ARCHS else 0
+
+    @property
+    def n_shared_experts(self) -> int:
+        """deepseek2's shared experts (its shared width over the expert width)."""
+        return self.shared_width // self.ff if self.shared_width else 0
+
+    @property
+    def kv_lora_rank(self) -> int:
+        """deepseek2's compressed KV width (MLA): a head's K and V are decompressed from it."""
+        return self.kv_lora or 4 * self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """deepseek2's rotated part of a key (qk_rope_head_dim), beside head_size unrotated dims."""
+        return self.head_dim // 2
 
     @property
     def dense_width(self) -> int:

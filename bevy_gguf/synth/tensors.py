@@ -74,10 +74,13 @@ def plan(spec: ModelSpec, recipe: Recipe | None = None) -> list[PlannedTensor]:
             return _once(lambda: r.attention(il, key))
 
         out.append(_fill(f"{blk}.attn_norm.weight", (d,), 1.0))
-        for key, rows in (("q", n_q), ("k", n_kv), ("v", n_kv)):
-            out.append(PlannedTensor(f"{blk}.attn_{key}.weight", (rows, d), False, attn(key)))
-            if spec.arch in ("glm4moe", "gpt-oss"):
-                out.append(_fill(f"{blk}.attn_{key}.bias", (rows,)))
+        if spec.arch == "deepseek2":
+            out += _mla_attention(spec, r, il)
+        else:
+            for key, rows in (("q", n_q), ("k", n_kv), ("v", n_kv)):
+                out.append(PlannedTensor(f"{blk}.attn_{key}.weight", (rows, d), False, attn(key)))
+                if spec.arch in ("glm4moe", "gpt-oss"):
+                    out.append(_fill(f"{blk}.attn_{key}.bias", (rows,)))
         out.append(PlannedTensor(f"{blk}.attn_output.weight", (d, n_q), False, attn("o")))
         if spec.arch == "gpt-oss":
             out.append(_fill(f"{blk}.attn_output.bias", (d,)))
@@ -111,6 +114,25 @@ def plan(spec: ModelSpec, recipe: Recipe | None = None) -> list[PlannedTensor]:
             out += _ffn(blk, "_shexp", lambda il=il: r.shared_ffn(il),
                         {"gate": (sf, d), "up": (sf, d), "down": (d, sf)}, 1)
     return out
+
+
+def _mla_attention(spec: ModelSpec, r: Recipe, il: int) -> list[PlannedTensor]:
+    """deepseek2's attention as DeepSeek-V2-Lite's GGUF has it (MLA, no query compression; K and
+    V decompressed by the split attn_k_b and attn_v_b, as llama.cpp's converter writes them); the
+    output projection is the common one."""
+    blk, d, hd = f"blk.{il}", spec.embd, spec.head_dim
+    rank, rope, n_head = spec.kv_lora_rank, spec.rope_dim, spec.n_head
+
+    def attn(key: str) -> Draw:
+        return _once(lambda: r.mla_attention(il, key))
+
+    return [
+        PlannedTensor(f"{blk}.attn_q.weight", (n_head * (hd + rope), d), False, attn("q")),
+        PlannedTensor(f"{blk}.attn_kv_a_mqa.weight", (rank + rope, d), False, attn("kv_a")),
+        _fill(f"{blk}.attn_kv_a_norm.weight", (rank,), r.mla_kv_norm_gain()),
+        PlannedTensor(f"{blk}.attn_k_b.weight", (n_head, rank, hd), False, attn("k_b")),
+        PlannedTensor(f"{blk}.attn_v_b.weight", (n_head, hd, rank), False, attn("v_b")),
+    ]
 
 
 def n_params(spec: ModelSpec) -> int:

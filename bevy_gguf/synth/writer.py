@@ -1,5 +1,5 @@
 """Writes a generated model as a GGUF that stock llama.cpp loads (qwen3moe, qwen2moe, mixtral,
-glm4moe, gpt-oss), streamed a chunk at a time; with --quantize, passed through stock
+glm4moe, gpt-oss, deepseek2), streamed a chunk at a time; with --quantize, passed through stock
 llama-quantize (the user's quantization mixes)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ DATA_ALIGNMENT = 4096
 
 # llama.cpp stores Mixtral as 'llama' with expert tensors
 GGUF_ARCH = {"qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "mixtral": "llama", "glm4moe": "glm4moe",
-             "gpt-oss": "gpt-oss"}
+             "gpt-oss": "gpt-oss", "deepseek2": "deepseek2"}
 SLIDING_WINDOW = 128  # gpt-oss's: every other layer attends to the last 128 positions
 QTYPE = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
 FILE_TYPE = {"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
@@ -44,11 +44,14 @@ def _add_metadata(w: gguf.GGUFWriter, spec: ModelSpec) -> None:
     w.add_embedding_length(spec.embd)
     w.add_feed_forward_length(spec.dense_width if spec.dense_layers else spec.ff)
     w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv)
-    w.add_key_length(spec.head_dim)
-    w.add_value_length(spec.head_dim)
-    # GLM rotates half of each head (partial_rotary_factor 0.5); the others all of it
-    w.add_rope_dimension_count(spec.head_dim // 2 if spec.arch == "glm4moe" else spec.head_dim)
+    if spec.arch == "deepseek2":
+        _add_mla(w, spec)
+    else:
+        w.add_head_count_kv(spec.n_head_kv)
+        w.add_key_length(spec.head_dim)
+        w.add_value_length(spec.head_dim)
+        # GLM rotates half of each head (partial_rotary_factor 0.5); the others all of it
+        w.add_rope_dimension_count(spec.head_dim // 2 if spec.arch == "glm4moe" else spec.head_dim)
     w.add_rope_freq_base(ROPE_FREQ_BASE)
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_expert_count(spec.experts)
@@ -63,6 +66,12 @@ def _add_metadata(w: gguf.GGUFWriter, spec: ModelSpec) -> None:
         w.add_expert_weights_scale(1.0)
         w.add_expert_weights_norm(True)
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    if spec.arch == "deepseek2":  # DeepSeek-V2-Lite's routing: softmax over every expert, top-k not renormalized
+        w.add_expert_shared_count(spec.n_shared_experts)
+        w.add_leading_dense_block_count(spec.dense_layers)
+        w.add_expert_weights_scale(1.0)
+        w.add_expert_weights_norm(False)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX)
     if spec.arch == "gpt-oss":
         w.add_sliding_window(SLIDING_WINDOW)
     w.add_vocab_size(len(vocab.tokens))
@@ -83,6 +92,22 @@ def _add_metadata(w: gguf.GGUFWriter, spec: ModelSpec) -> None:
             w.add_uint32(f"bevy.{key}", value)
         else:
             w.add_string(f"bevy.{key}", str(value))
+
+
+def _add_mla(w: gguf.GGUFWriter, spec: ModelSpec) -> None:
+    """deepseek2's attention keys as llama.cpp's converter writes them for MLA: the cache holds
+    one compressed KV per token (a single KV head: kv_lora_rank values plus the rotated key
+    part), and the *_mla lengths are a head's once decompressed. No query compression
+    (q_lora_rank 0, as V2-Lite), written out: llama.cpp reads it for any depth but V2-Lite's."""
+    rank, rope, hd = spec.kv_lora_rank, spec.rope_dim, spec.head_dim
+    w.add_head_count_kv(1)
+    w.add_key_length(rank + rope)
+    w.add_value_length(rank)
+    w.add_key_length_mla(hd + rope)
+    w.add_value_length_mla(hd)
+    w.add_rope_dimension_count(rope)
+    w.add_q_lora_rank(0)
+    w.add_kv_lora_rank(rank)
 
 
 def _qtype(spec: ModelSpec, keep_f32: bool) -> gguf.GGMLQuantizationType:

@@ -13,7 +13,7 @@ from bevy_gguf.errors import BevyError
 from bevy_gguf.gguf_info import inspect_model
 from bevy_gguf.synth import ensure_model, recipe, tensors
 from bevy_gguf.synth.presets import PRESETS, preset_spec
-from bevy_gguf.synth.spec import ModelSpec
+from bevy_gguf.synth.spec import DENSE_LEAD_ARCHS, ModelSpec
 from bevy_gguf.synth.tensors import n_params
 from bevy_gguf.synth.tokenizer import N_VOCAB
 from bevy_gguf.synth.writer import write_model
@@ -33,7 +33,7 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("arch,gguf_arch", [("qwen3moe", "qwen3moe"), ("qwen2moe", "qwen2moe"), ("mixtral", "llama"),
-                                            ("glm4moe", "glm4moe"), ("gpt-oss", "gpt-oss")])
+                                            ("glm4moe", "glm4moe"), ("gpt-oss", "gpt-oss"), ("deepseek2", "deepseek2")])
 def test_metadata_and_tensors(arch: str, gguf_arch: str) -> None:
     spec = tiny_spec(arch)
     path = ensure_model(spec, progress=False)
@@ -44,13 +44,16 @@ def test_metadata_and_tensors(arch: str, gguf_arch: str) -> None:
     assert all(t.ggml_type == "Q8_0" and t.n_expert == 8 for t in info.expert_tensors)
     names = {t.name for t in gguf.GGUFReader(path).tensors}
     last = f"blk.{spec.layers - 1}"
-    assert (f"{last}.ffn_up_shexp.weight" in names) == (arch in ("qwen2moe", "glm4moe"))
+    assert (f"{last}.ffn_up_shexp.weight" in names) == (arch in ("qwen2moe", "glm4moe", "deepseek2"))
     assert (f"{last}.attn_q_norm.weight" in names) == (arch == "qwen3moe")
     assert (f"{last}.attn_sinks.weight" in names) == (f"{last}.ffn_gate_exps.bias" in names) == (arch == "gpt-oss")
     assert (f"{last}.exp_probs_b.bias" in names) == (arch == "glm4moe")
-    # glm4moe: a dense leading layer, as GLM-4.5 has; the hook and the cache skip it
+    # deepseek2: MLA, as llama.cpp's converter writes it (split K and V decompression, no query compression)
+    mla = {f"{last}.attn_{t}.weight" for t in ("q", "kv_a_mqa", "kv_a_norm", "k_b", "v_b")}
+    assert (mla <= names) == (arch == "deepseek2") != (f"{last}.attn_k.weight" in names)
+    # glm4moe and deepseek2: a dense leading layer, as GLM-4.5 and DeepSeek-V2 have; the hook and the cache skip it
     assert info.moe_layers == list(range(spec.dense_layers, spec.layers))
-    assert ("blk.0.ffn_gate.weight" in names) == (arch == "glm4moe") != ("blk.0.ffn_gate_exps.weight" in names)
+    assert ("blk.0.ffn_gate.weight" in names) == (arch in DENSE_LEAD_ARCHS) != ("blk.0.ffn_gate_exps.weight" in names)
 
 
 def test_parameter_count_is_stocks(tiny_model: Path) -> None:
@@ -78,6 +81,23 @@ def test_a_shortened_preset_is_the_real_shape(tmp_path: Path) -> None:
     proc = run_cli("make-model", out, "--preset", "gpt-oss-20b", "--layers", "1", "--embd", "256", "--ff", "256",
                    "--heads", "8", "--kv-heads", "2", "--vocab", "1000")
     assert small.key in proc.stdout and f"{n_params(small) / 1e9:.3f} B parameters" in proc.stdout
+    assert run_probe(out, script="params_probe.py") == {str(out): n_params(small)}
+    doc = run_json("run", out, "-p", "Hello", "--engine", "stock", "--parallel", "1", "-n", "3")
+    assert len(doc["requests"][0]["tokens"]) == 3
+
+
+def test_deepseek_v2_lite_shortened_loads_in_stock(tmp_path: Path) -> None:
+    """--preset deepseek-v2-lite: V2-Lite's MLA widths (a 512-wide compressed KV, heads of 128 +
+    64 rotated), its two shared experts and dense first layer; narrowed, stock loads and runs it."""
+    spec = preset_spec("deepseek-v2-lite", 3)
+    assert (spec.kv_lora_rank, spec.head_dim, spec.rope_dim, spec.n_shared_experts) == (512, 128, 64, 2)
+    out = tmp_path / "dsv2.gguf"
+    args = ("--embd", "256", "--ff", "128", "--shared-ff", "256", "--dense-ff", "512", "--experts", "8",
+            "--heads", "4", "--head-size", "64", "--kv-lora", "128", "--vocab", "1000")
+    proc = run_cli("make-model", out, "--preset", "deepseek-v2-lite", "--layers", "3", *args)
+    small = preset_spec("deepseek-v2-lite", 3, embd=256, ff=128, shared_ff=256, dense_ff=512, experts=8, heads=4,
+                        head_size=64, kv_lora=128, vocab=1000)
+    assert small.key in proc.stdout
     assert run_probe(out, script="params_probe.py") == {str(out): n_params(small)}
     doc = run_json("run", out, "-p", "Hello", "--engine", "stock", "--parallel", "1", "-n", "3")
     assert len(doc["requests"][0]["tokens"]) == 3
@@ -173,6 +193,10 @@ def test_llama_quantize_failure_is_one_line(tmp_path: Path) -> None:
     ({"heads": 6, "kv_heads": 4}, "multiple of --kv-heads"), ({"head_size": 8}, "--head-size"),
     ({"shared_ff": 64}, "has no shared expert"), ({"dense_layers": 1}, "no dense leading layers"),
     ({"arch": "glm4moe", "dense_layers": 8}, "leaves no MoE layer"), ({"vocab": 10}, "--vocab"),
+    ({"kv_lora": 64}, "no compressed KV"), ({"arch": "deepseek2", "kv_lora": 48}, "multiple of 32"),
+    ({"arch": "deepseek2", "kv_heads": 2, "heads": 8}, "one compressed KV"),
+    ({"arch": "deepseek2", "shared_ff": 96, "ff": 64}, "multiple of --ff"),
+    ({"arch": "deepseek2", "head_size": 18, "heads": 16, "embd": 256}, "multiple of 4"),
 ])
 def test_bad_spec(kw: dict, fragment: str) -> None:
     with pytest.raises(BevyError, match=fragment):

@@ -66,23 +66,24 @@ def test_a_single_lane_loads_each_missed_expert_once(tmp_path: Path, runahead_mo
     assert got["pinned_after"] == 0
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_requests_join_and_leave(tmp_path: Path, threads: int) -> None:
+@pytest.mark.parametrize("arch,threads", [("qwen2moe", 1), ("qwen2moe", 2), ("deepseek2", 2)])
+def test_requests_join_and_leave(tmp_path: Path, arch: str, threads: int) -> None:
     """16 requests of different lengths through 4 sequences (one lane, or two): they join as
-    others finish."""
-    model = ensure_model(tiny_spec("qwen2moe", layers=4, experts=16, top_k=2), progress=False)
+    others finish (deepseek2: in MLA's K-only cache)."""
+    model = ensure_model(tiny_spec(arch, layers=4, experts=16, top_k=2), progress=False)
     prompts = [p * (1 + i % 3) for i, p in enumerate(PROMPTS + PROMPTS[::-1])]
     ref = stock_alone(model, prompts, 10)
     got = probe(model, "bevy", "50%", 4, tmp_path, prompts=prompts, max_tokens=10, threads=threads)
     margin_ok(ref, {"requests": [{"tokens": r["tokens"]} for r in got["requests"]]}, 16, 10)
 
 
-@pytest.mark.parametrize("step,threads", [(3, 2), (11, 2), (17, 2), (11, 1)])
-def test_a_request_cancelled_mid_layer_leaves_cleanly(tmp_path: Path, step: int, threads: int) -> None:
+@pytest.mark.parametrize("arch,step,threads", [("mixtral", 3, 2), ("mixtral", 11, 2), ("mixtral", 17, 2),
+                                               ("mixtral", 11, 1), ("deepseek2", 11, 2)])
+def test_a_request_cancelled_mid_layer_leaves_cleanly(tmp_path: Path, arch: str, step: int, threads: int) -> None:
     """Cancelled between layer-range calls, its half-computed cells go; the request that then
     takes its sequence decodes correctly (stale cells would break its positions). Runahead on, so
     that a step's calls split its layers (whole-step calls would leave no point mid-layer)."""
-    model = ensure_model(tiny_spec("mixtral", layers=4, experts=16, top_k=2), progress=False)
+    model = ensure_model(tiny_spec(arch, layers=4, experts=16, top_k=2), progress=False)
     prompts = PROMPTS[:5]
     ref = stock_alone(model, prompts, 16)
     got = probe(model, "bevy", "25%", 4, tmp_path, prompts=prompts, max_tokens=16, cancel=[[1, step]],
