@@ -38,6 +38,7 @@ class ModelInfo:
     n_embd: int
     file_bytes: int
     expert_tensors: tuple[ExpertTensor, ...]
+    recurrent: bool = False  # layers with a recurrent state (qwen35moe's linear attention, Mamba's)
 
     @property
     def expert_bytes(self) -> int:
@@ -101,6 +102,7 @@ def inspect_model(path: str | Path, require_experts: bool = True) -> ModelInfo:
         n_embd=int(_field(reader, f"{arch}.embedding_length") or 0),
         file_bytes=size,
         expert_tensors=tuple(experts),
+        recurrent=_field(reader, f"{arch}.ssm.state_size") is not None,
     )
 
 

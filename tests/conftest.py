@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bevy_gguf.engine.registry import LAYER_RANGE_ARCHS
 from bevy_gguf.synth import ensure_model
-from bevy_gguf.synth.spec import ARCHS, DENSE_LEAD_ARCHS, ModelSpec
+from bevy_gguf.synth.spec import ARCHS, DENSE_LEAD_ARCHS, FULL_ATTENTION_INTERVAL, ModelSpec
+from bevy_gguf.synth.writer import GGUF_ARCH
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBES = ROOT / "tests" / "probes"  # scripts that run one scenario in a process of their own
@@ -28,6 +30,8 @@ def tiny_spec(arch: str = "qwen3moe", dtype: str = "q8_0", **kw: int) -> ModelSp
     params = dict(layers=2, experts=8, top_k=2, embd=64, ff=64, seed=0) | kw
     if arch in DENSE_LEAD_ARCHS and "dense_layers" not in kw:
         params |= dict(dense_layers=1, layers=params["layers"] + 1)
+    if arch == "qwen35moe":  # every 4th layer attends (the others are linear attention): at least one
+        params["layers"] = max(params["layers"], FULL_ATTENTION_INTERVAL)
     return ModelSpec(arch=arch, dtype=dtype, **params)
 
 
@@ -108,6 +112,16 @@ PROMPTS = ["Hello", "def f(x):\n    return x", "Grüß Gott, wie geht es dir heu
 @pytest.fixture(scope="session", params=ARCHS)
 def runahead_model(request: pytest.FixtureRequest) -> Path:
     """64 experts in all: 25% = 16 slots = the minimum for 8 contexts at top-2."""
+    return ensure_model(tiny_spec(request.param, layers=4, experts=16, top_k=2), progress=False)
+
+
+# the generated archs whose builders have layer-range decode (what --scheduler bevy runs on; elsewhere bevy-ctx)
+LAYER_RANGE_SPEC_ARCHS = tuple(a for a in ARCHS if GGUF_ARCH[a] in LAYER_RANGE_ARCHS)
+
+
+@pytest.fixture(scope="session", params=LAYER_RANGE_SPEC_ARCHS)
+def layer_range_model(request: pytest.FixtureRequest) -> Path:
+    """runahead_model's shape, of every arch that --scheduler bevy runs as itself."""
     return ensure_model(tiny_spec(request.param, layers=4, experts=16, top_k=2), progress=False)
 
 

@@ -63,7 +63,8 @@ def non_negative(name: str):  # noqa: ANN201 - an argparse type
 
 
 MODEL_FIELDS = ("arch", "experts", "top_k", "embd", "ff", "heads", "kv_heads", "head_size", "shared_ff",
-                "dense_layers", "dense_ff", "vocab", "kv_lora", "seed", "dtype")
+                "dense_layers", "dense_ff", "vocab", "kv_lora", "linear_heads", "linear_key_heads",
+                "linear_head_size", "seed", "dtype")
 
 
 def _make_model_spec(args: argparse.Namespace) -> ModelSpec:
@@ -352,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
                        ("--dense-ff", "their width (0: 4 ff)"),
                        ("--vocab", "vocabulary size, padded with unused tokens (0: the tokenizer's)"),
                        ("--kv-lora", "deepseek2's compressed KV width, MLA's kv_lora_rank (0: 4 head size)"),
+                       ("--linear-heads", "qwen35moe's linear-attention value heads (0: 2 linear key heads)"),
+                       ("--linear-key-heads", "its key heads (0: heads)"),
+                       ("--linear-head-size", "its key and value head size (0: head size)"),
                        ("--seed", "random seed")):
         field = flag[2:].replace("-", "_")
         mm.add_argument(flag, type=int, help=f"{what}; default {getattr(DEFAULT, field)}")

@@ -45,6 +45,10 @@ class CacheLayout:
     n_layer: int
     n_expert: int
     top_k: int
+    # tokens a graph may hold beyond its micro-batch: with recurrent layers llama.cpp splits a batch
+    # by sequence (split_equal), and takes one sequence more than n_ubatch allows (n_ubatch + 1 of
+    # them, a token each), so the cache must pin that many tokens' experts at once
+    overshoot: int = 0
 
     @property
     def slot_bytes(self) -> int:
@@ -95,12 +99,15 @@ class CacheLayout:
                             f"one expert cache serves at most {MAX_CLASSES}")
         classes = tuple(SlotClass(sig, tuple(il for il, c in enumerate(layer_class) if c == i))
                         for i, sig in enumerate(signatures))
-        return cls(kinds, classes, tuple(layer_class), sources, info.n_layer, info.n_expert, info.n_expert_used)
+        return cls(kinds, classes, tuple(layer_class), sources, info.n_layer, info.n_expert, info.n_expert_used,
+                   overshoot=1 if info.recurrent else 0)
 
-    def min_slots(self, tokens: int = 1, contexts: int = 1) -> int:
+    def min_slots(self, tokens: int = 1, contexts: int = 1, one_sequence: bool = False) -> int:
         """Slots of each class that `contexts` contexts pin at once, each computing a micro-batch
-        of `tokens` tokens (each pins its layer's union)."""
-        return contexts * min(self.n_expert, self.top_k * tokens)
+        of `tokens` tokens (each pins its layer's union; a context of several sequences, unless
+        one_sequence, may hold `overshoot` tokens more)."""
+        extra = 0 if one_sequence else self.overshoot
+        return contexts * min(self.n_expert, self.top_k * (tokens + extra))
 
     def min_bytes(self) -> int:
         """The smallest budget: every class holds one token's experts."""
@@ -145,11 +152,12 @@ class CacheLayout:
             return True, half
         return False, own
 
-    def micro_batch(self, n_slots: int, limit: int, contexts: int = 1) -> int:
+    def micro_batch(self, n_slots: int, limit: int, contexts: int = 1, one_sequence: bool = False) -> int:
         """The largest micro-batch (tokens per ubatch, at most limit) such that the worst-case
         unions of `contexts` contexts fit in n_slots (of the smallest class) together: no
-        context can then wait for a slot that another holds."""
+        context can then wait for a slot that another holds (one_sequence: contexts of one
+        sequence each, which never hold more than their micro-batch)."""
         share = n_slots // contexts
         if share >= self.n_expert:
             return limit
-        return max(1, min(limit, share // self.top_k))
+        return max(1, min(limit, share // self.top_k - (0 if one_sequence else self.overshoot)))

@@ -113,8 +113,8 @@ class ExpertCache:
     # -- contexts ------------------------------------------------------------------------
 
     def require_slots(self, contexts: int) -> None:
-        """Refuse a cache too small for `contexts` contexts decoding one token each."""
-        need = self.layout.min_slots(1, contexts)
+        """Refuse a cache too small for `contexts` contexts of one sequence each decoding one token each."""
+        need = self.layout.min_slots(1, contexts, one_sequence=True)
         if self.min_class_slots < need:
             bytes_needed = sum(need * c.bytes for c in self.layout.classes)
             held = (f"{self.n_slots} experts" if len(self.class_slots) == 1 else

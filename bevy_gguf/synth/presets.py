@@ -51,6 +51,11 @@ PRESETS: dict[str, Preset] = {
         ModelSpec(arch="glm4moe", layers=46, experts=128, top_k=8, embd=4096, ff=1408, shared_ff=1408,
                   dense_layers=1, dense_ff=10944, heads=96, kv_heads=8, head_size=128, vocab=151552),
         106e9, "zai-org/GLM-4.5-Air config.json (without its MTP layer)"),
+    "qwen3.5-35b-a3b": Preset(
+        ModelSpec(arch="qwen35moe", layers=40, experts=256, top_k=8, embd=2048, ff=512, shared_ff=512,
+                  heads=16, kv_heads=2, head_size=256, linear_heads=32, linear_key_heads=16, linear_head_size=128,
+                  vocab=248320),
+        35e9, "Qwen/Qwen3.5-35B-A3B config.json (its text model; 35 B in the model card)"),
     "deepseek-v2-lite": Preset(
         ModelSpec(arch="deepseek2", layers=27, experts=64, top_k=6, embd=2048, ff=1408, shared_ff=2816,
                   dense_layers=1, dense_ff=10944, heads=16, head_size=128, kv_lora=512, vocab=102400),

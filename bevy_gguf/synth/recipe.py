@@ -55,6 +55,8 @@ CONTEXT_RMS = 0.5     # rough RMS share of the context subspace in the normalize
 CHUNK_VALUES = 1 << 24  # values drawn at once by the streaming writer (64 MB of float32)
 
 EXPERT_OUT = 0.08   # RMS of one expert's output relative to the residual (small)
+LINEAR_CONV_KERNEL = 4  # qwen35moe's linear attention: its causal convolution's width (Qwen3.5's)
+LINEAR_OUT = 0.08   # RMS of a linear-attention layer's output relative to the residual (small, as an expert's)
 HEAD_LOGIT_STD = 8.0  # spread of the output logits
 
 
@@ -114,7 +116,9 @@ class Recipe:
         topic, o writes it rotated into C (GQA: head 0's KV head carries the topic, and every
         query head of its group reads it). Each is drawn alone (o's rotation has its own seed)."""
         s, d = self.spec, self.spec.embd
-        rows = {"q": s.n_head * s.head_dim, "k": s.n_head_kv * s.head_dim, "v": s.n_head_kv * s.head_dim}
+        gated = s.arch == "qwen35moe"  # its query projection also gives each head a sigmoid output gate
+        rows = {"q": s.n_head * s.head_dim * (2 if gated else 1), "k": s.n_head_kv * s.head_dim,
+                "v": s.n_head_kv * s.head_dim}
         _, t, c, _ = self.basis
         if key in ("q", "k"):
             return np.zeros((rows[key], d), dtype=np.float32)
@@ -123,8 +127,9 @@ class Recipe:
             wv[:TOPIC_DIMS, :] = t.T                       # head 0 carries the topic coordinates
             return wv.astype(np.float32)
         rot, _ = np.linalg.qr(self.rng(f"blk.{layer}.attn_rot").standard_normal((TOPIC_DIMS, TOPIC_DIMS)))
-        wo = np.zeros((d, rows["q"]))
-        wo[:, :TOPIC_DIMS] = ATTN_CONTEXT_GAIN * c @ rot  # ... and writes them into the context
+        wo = np.zeros((d, s.n_head * s.head_dim))
+        # ... and writes them into the context (qwen35moe: twice, as its zero gate halves them: sigmoid(0))
+        wo[:, :TOPIC_DIMS] = (2.0 if gated else 1.0) * ATTN_CONTEXT_GAIN * c @ rot
         return wo.astype(np.float32)
 
     def mla_attention(self, layer: int, key: str) -> np.ndarray:
@@ -146,6 +151,25 @@ class Recipe:
         wv = np.zeros((s.n_head, hd, rank))
         wv[0, :TOPIC_DIMS, :TOPIC_DIMS] = np.eye(TOPIC_DIMS)
         return wv.astype(np.float32)
+
+    def linear_attention(self, layer: int, key: str) -> np.ndarray:
+        """qwen35moe's linear-attention weight `key`: small random projections, so each layer
+        keeps a real recurrent state (a layer-range call that advanced it twice would show) while
+        its output (out) adds about LINEAR_OUT of the residual, as an expert does: the routing
+        comes from the attention layers' context, as in the other archs."""
+        s, d = self.spec, self.spec.embd
+        rng = self.rng(f"blk.{layer}.linear_attn.{key}")
+        key_dim = s.n_linear_key_heads * s.linear_head_dim
+        value_dim = s.n_linear_heads * s.linear_head_dim
+        shapes = {"qkv": (2 * key_dim + value_dim, d), "gate": (value_dim, d), "beta": (s.n_linear_heads, d),
+                  "alpha": (s.n_linear_heads, d), "conv1d": (2 * key_dim + value_dim, LINEAR_CONV_KERNEL),
+                  "out": (d, value_dim)}
+        w = rng.standard_normal(shapes[key], dtype=np.float32)
+        if key == "conv1d":
+            return w / np.float32(np.sqrt(LINEAR_CONV_KERNEL))
+        if key == "out":  # the gated norm's output has RMS about 0.4 (RMS 1 times silu of a unit gate)
+            return w * np.float32(LINEAR_OUT / (0.4 * np.sqrt(value_dim)))
+        return w / np.float32(np.sqrt(d))
 
     def mla_kv_norm_gain(self) -> float:
         """attn_kv_a_norm's weight: the compressed KV is RMS-normalized over its width, which

@@ -11,8 +11,8 @@ from pathlib import Path
 from bevy_gguf.errors import BevyError
 from bevy_gguf.synth.tokenizer import N_VOCAB
 
-ARCHS = ("qwen3moe", "qwen2moe", "mixtral", "glm4moe", "gpt-oss", "deepseek2")
-SHARED_EXPERT_ARCHS = ("qwen2moe", "glm4moe", "deepseek2")  # archs whose MoE layers have a shared expert
+ARCHS = ("qwen3moe", "qwen2moe", "mixtral", "glm4moe", "gpt-oss", "deepseek2", "qwen35moe")
+SHARED_EXPERT_ARCHS = ("qwen2moe", "glm4moe", "deepseek2", "qwen35moe")  # archs whose MoE layers have a shared expert
 DENSE_LEAD_ARCHS = ("glm4moe", "deepseek2")                # archs that may start with dense FFN layers
 DTYPES = ("f16", "q8_0")
 # llama-quantize's file types that need no importance matrix (the IQ1/IQ2 ones do, and we make none)
@@ -23,7 +23,9 @@ MIN_VOCAB = N_VOCAB
 TOPIC_HEAD_MIN = 16  # head 0 carries the recipe's 16 topic coordinates (recipe.py)
 # the shape fields in the key, where set: tag
 SHAPE_TAGS = (("heads", "H"), ("kv_heads", "KV"), ("head_size", "hd"), ("shared_ff", "SF"),
-              ("dense_layers", "DL"), ("dense_ff", "DF"), ("vocab", "V"), ("kv_lora", "KL"))
+              ("dense_layers", "DL"), ("dense_ff", "DF"), ("vocab", "V"), ("kv_lora", "KL"),
+              ("linear_heads", "LH"), ("linear_key_heads", "LKH"), ("linear_head_size", "LHD"))
+FULL_ATTENTION_INTERVAL = 4  # qwen35moe: every 4th layer attends, the others are linear attention (gated delta net)
 TENSOR_TYPE = re.compile(r"[A-Za-z0-9_.]+=[A-Za-z0-9_]+")  # llama-quantize --tensor-type NAME=TYPE
 
 
@@ -60,6 +62,9 @@ class ModelSpec:
     dense_ff: int = 0      # their width (0: 4 * ff)
     vocab: int = 0         # vocabulary padded with unused tokens to this size (0: the tokenizer's own)
     kv_lora: int = 0       # deepseek2's compressed KV width, MLA's kv_lora_rank (0: 4 x head_size)
+    linear_heads: int = 0      # qwen35moe's linear-attention value heads (0: 2 x linear key heads)
+    linear_key_heads: int = 0  # ... its key heads (0: heads)
+    linear_head_size: int = 0  # ... the size of its key and value heads, the recurrent state's (0: head size)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -88,7 +93,8 @@ class ModelSpec:
         self._check_shape()
 
     def _check_shape(self) -> None:
-        for name in ("heads", "kv_heads", "head_size", "shared_ff", "dense_layers", "dense_ff", "vocab", "kv_lora"):
+        for name in ("heads", "kv_heads", "head_size", "shared_ff", "dense_layers", "dense_ff", "vocab", "kv_lora",
+                     "linear_heads", "linear_key_heads", "linear_head_size"):
             if getattr(self, name) < 0:
                 raise BevyError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 0")
         if self.head_size and (self.head_size < TOPIC_HEAD_MIN or self.head_size % 2):
@@ -110,6 +116,11 @@ class ModelSpec:
             raise BevyError(f"--kv-lora: {self.arch} has no compressed KV (deepseek2 has)")
         if self.arch == "deepseek2":
             self._check_mla()
+        linear = (self.linear_heads, self.linear_key_heads, self.linear_head_size)
+        if any(linear) and self.arch != "qwen35moe":
+            raise BevyError(f"--linear-*: {self.arch} has no linear-attention layers (qwen35moe has)")
+        if self.arch == "qwen35moe":
+            self._check_linear()
         if self.vocab and self.vocab < MIN_VOCAB:
             raise BevyError(f"--vocab {self.vocab} is below the tokenizer's {MIN_VOCAB} tokens")
 
@@ -123,6 +134,19 @@ class ModelSpec:
         if self.shared_ff and self.shared_ff % self.ff:
             raise BevyError(f"--shared-ff {self.shared_ff}: deepseek2's shared experts are --ff wide each, "
                             f"so it must be a multiple of --ff {self.ff}")
+
+    def _check_linear(self) -> None:
+        if self.n_linear_heads % self.n_linear_key_heads:
+            raise BevyError(f"--linear-heads {self.n_linear_heads} must be a multiple of "
+                            f"--linear-key-heads {self.n_linear_key_heads}")
+        if self.linear_head_dim % 2 or self.linear_head_dim < TOPIC_HEAD_MIN:
+            raise BevyError(f"--linear-head-size {self.linear_head_dim} must be even and at least {TOPIC_HEAD_MIN}")
+        if (self.n_linear_heads * self.linear_head_dim) % 32:
+            raise BevyError(f"--linear-heads x --linear-head-size ({self.n_linear_heads} x {self.linear_head_dim}) "
+                            "must be a multiple of 32")
+        if self.head_dim % 8:
+            raise BevyError(f"--head-size {self.head_dim}: qwen35moe rotates a quarter of it in three sections, "
+                            "so it must be a multiple of 8")
 
     @property
     def head_dim(self) -> int:
@@ -159,6 +183,22 @@ class ModelSpec:
     def rope_dim(self) -> int:
         """deepseek2's rotated part of a key (qk_rope_head_dim), beside head_size unrotated dims."""
         return self.head_dim // 2
+
+    @property
+    def n_linear_key_heads(self) -> int:
+        return self.linear_key_heads or self.n_head
+
+    @property
+    def n_linear_heads(self) -> int:
+        return self.linear_heads or 2 * self.n_linear_key_heads
+
+    @property
+    def linear_head_dim(self) -> int:
+        return self.linear_head_size or self.head_dim
+
+    def is_recurrent_layer(self, il: int) -> bool:
+        """qwen35moe: a linear-attention layer (a gated delta net with a recurrent state)."""
+        return self.arch == "qwen35moe" and (il + 1) % FULL_ATTENTION_INTERVAL != 0
 
     @property
     def dense_width(self) -> int:

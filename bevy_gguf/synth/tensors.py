@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bevy_gguf.synth.recipe import CHUNK_VALUES, Recipe
+from bevy_gguf.synth.recipe import CHUNK_VALUES, LINEAR_CONV_KERNEL, Recipe
 from bevy_gguf.synth.spec import ModelSpec
 
 Draw = Callable[[], Iterator[np.ndarray]]
@@ -66,7 +66,7 @@ def plan(spec: ModelSpec, recipe: Recipe | None = None) -> list[PlannedTensor]:
         _fill("output_norm.weight", (d,), 1.0),
         PlannedTensor("output.weight", (v, d), False, r.output),
     ]
-    post_norm = spec.arch in ("glm4moe", "gpt-oss")  # their FFN norm is post_attention_norm
+    post_norm = spec.arch in ("glm4moe", "gpt-oss", "qwen35moe")  # their FFN norm is post_attention_norm
     for il in range(spec.layers):
         blk = f"blk.{il}"
 
@@ -74,18 +74,22 @@ def plan(spec: ModelSpec, recipe: Recipe | None = None) -> list[PlannedTensor]:
             return _once(lambda: r.attention(il, key))
 
         out.append(_fill(f"{blk}.attn_norm.weight", (d,), 1.0))
-        if spec.arch == "deepseek2":
-            out += _mla_attention(spec, r, il)
+        if spec.is_recurrent_layer(il):
+            out += _linear_attention(spec, r, il)
         else:
-            for key, rows in (("q", n_q), ("k", n_kv), ("v", n_kv)):
-                out.append(PlannedTensor(f"{blk}.attn_{key}.weight", (rows, d), False, attn(key)))
-                if spec.arch in ("glm4moe", "gpt-oss"):
-                    out.append(_fill(f"{blk}.attn_{key}.bias", (rows,)))
-        out.append(PlannedTensor(f"{blk}.attn_output.weight", (d, n_q), False, attn("o")))
+            if spec.arch == "deepseek2":
+                out += _mla_attention(spec, r, il)
+            else:
+                q_rows = 2 * n_q if spec.arch == "qwen35moe" else n_q  # qwen35moe: each head's query, then its gate
+                for key, rows in (("q", q_rows), ("k", n_kv), ("v", n_kv)):
+                    out.append(PlannedTensor(f"{blk}.attn_{key}.weight", (rows, d), False, attn(key)))
+                    if spec.arch in ("glm4moe", "gpt-oss"):
+                        out.append(_fill(f"{blk}.attn_{key}.bias", (rows,)))
+            out.append(PlannedTensor(f"{blk}.attn_output.weight", (d, n_q), False, attn("o")))
         if spec.arch == "gpt-oss":
             out.append(_fill(f"{blk}.attn_output.bias", (d,)))
             out.append(_fill(f"{blk}.attn_sinks.weight", (spec.n_head,)))
-        if spec.arch == "qwen3moe":
+        if spec.arch == "qwen3moe" or spec.arch == "qwen35moe" and not spec.is_recurrent_layer(il):
             out.append(_fill(f"{blk}.attn_q_norm.weight", (hd,), 1.0))
             out.append(_fill(f"{blk}.attn_k_norm.weight", (hd,), 1.0))
         out.append(_fill(f"{blk}.{'post_attention_norm' if post_norm else 'ffn_norm'}.weight", (d,), 1.0))
@@ -108,7 +112,7 @@ def plan(spec: ModelSpec, recipe: Recipe | None = None) -> list[PlannedTensor]:
                     _fill(f"{blk}.ffn_down_exps.bias", (e, d))]
         if spec.shared_width:
             sf = spec.shared_width
-            if spec.arch == "qwen2moe":
+            if spec.arch in ("qwen2moe", "qwen35moe"):
                 out.append(PlannedTensor(f"{blk}.ffn_gate_inp_shexp.weight", (d,), True,
                                          _once(lambda il=il: r.shared_gate(il))))
             out += _ffn(blk, "_shexp", lambda il=il: r.shared_ffn(il),
@@ -132,6 +136,31 @@ def _mla_attention(spec: ModelSpec, r: Recipe, il: int) -> list[PlannedTensor]:
         _fill(f"{blk}.attn_kv_a_norm.weight", (rank,), r.mla_kv_norm_gain()),
         PlannedTensor(f"{blk}.attn_k_b.weight", (n_head, rank, hd), False, attn("k_b")),
         PlannedTensor(f"{blk}.attn_v_b.weight", (n_head, hd, rank), False, attn("v_b")),
+    ]
+
+
+def _linear_attention(spec: ModelSpec, r: Recipe, il: int) -> list[PlannedTensor]:
+    """qwen35moe's linear attention (a gated delta net) as llama.cpp's converter writes it: the
+    joint Q/K/V projection and its causal convolution, the output gate (z), the per-head decay
+    (alpha, dt bias, A) and write strength (beta), the gated norm and the output projection."""
+    blk, d = f"blk.{il}", spec.embd
+    key_dim = spec.n_linear_key_heads * spec.linear_head_dim
+    value_dim = spec.n_linear_heads * spec.linear_head_dim
+    conv_dim, n_v = 2 * key_dim + value_dim, spec.n_linear_heads
+
+    def lin(key: str) -> Draw:
+        return _once(lambda: r.linear_attention(il, key))
+
+    return [
+        PlannedTensor(f"{blk}.attn_qkv.weight", (conv_dim, d), False, lin("qkv")),
+        PlannedTensor(f"{blk}.attn_gate.weight", (value_dim, d), False, lin("gate")),
+        PlannedTensor(f"{blk}.ssm_conv1d.weight", (conv_dim, LINEAR_CONV_KERNEL), True, lin("conv1d")),
+        _fill(f"{blk}.ssm_dt.bias", (n_v,)),
+        _fill(f"{blk}.ssm_a", (n_v,), -1.0),
+        PlannedTensor(f"{blk}.ssm_beta.weight", (n_v, d), True, lin("beta")),
+        PlannedTensor(f"{blk}.ssm_alpha.weight", (n_v, d), True, lin("alpha")),
+        _fill(f"{blk}.ssm_norm.weight", (spec.linear_head_dim,), 1.0),
+        PlannedTensor(f"{blk}.ssm_out.weight", (d, value_dim), False, lin("out")),
     ]
 
 

@@ -1,5 +1,5 @@
 """Writes a generated model as a GGUF that stock llama.cpp loads (qwen3moe, qwen2moe, mixtral,
-glm4moe, gpt-oss, deepseek2), streamed a chunk at a time; with --quantize, passed through stock
+glm4moe, gpt-oss, deepseek2, qwen35moe), streamed a chunk at a time; with --quantize, passed through stock
 llama-quantize (the user's quantization mixes)."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from tqdm import tqdm
 
 from bevy_gguf.errors import BevyError
 from bevy_gguf.paths import tool_path
-from bevy_gguf.synth.spec import ModelSpec
+from bevy_gguf.synth.recipe import LINEAR_CONV_KERNEL
+from bevy_gguf.synth.spec import FULL_ATTENTION_INTERVAL, ModelSpec
 from bevy_gguf.synth.tensors import plan
 from bevy_gguf.synth.tokenizer import build_vocab
 
@@ -30,7 +31,7 @@ DATA_ALIGNMENT = 4096
 
 # llama.cpp stores Mixtral as 'llama' with expert tensors
 GGUF_ARCH = {"qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "mixtral": "llama", "glm4moe": "glm4moe",
-             "gpt-oss": "gpt-oss", "deepseek2": "deepseek2"}
+             "gpt-oss": "gpt-oss", "deepseek2": "deepseek2", "qwen35moe": "qwen35moe"}
 SLIDING_WINDOW = 128  # gpt-oss's: every other layer attends to the last 128 positions
 QTYPE = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
 FILE_TYPE = {"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
@@ -50,16 +51,19 @@ def _add_metadata(w: gguf.GGUFWriter, spec: ModelSpec) -> None:
         w.add_head_count_kv(spec.n_head_kv)
         w.add_key_length(spec.head_dim)
         w.add_value_length(spec.head_dim)
-        # GLM rotates half of each head (partial_rotary_factor 0.5); the others all of it
-        w.add_rope_dimension_count(spec.head_dim // 2 if spec.arch == "glm4moe" else spec.head_dim)
+        # GLM rotates half of each head (partial_rotary_factor 0.5), Qwen3.5 a quarter; the others all of it
+        rotary = {"glm4moe": 2, "qwen35moe": 4}.get(spec.arch, 1)
+        w.add_rope_dimension_count(spec.head_dim // rotary)
     w.add_rope_freq_base(ROPE_FREQ_BASE)
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_expert_count(spec.experts)
     w.add_expert_used_count(spec.top_k)
     if spec.arch != "mixtral":
         w.add_expert_feed_forward_length(spec.ff)
-    if spec.arch == "qwen2moe":
+    if spec.arch in ("qwen2moe", "qwen35moe"):
         w.add_expert_shared_feed_forward_length(spec.shared_width)
+    if spec.arch == "qwen35moe":
+        _add_linear_attention(w, spec)
     if spec.arch == "glm4moe":
         w.add_expert_shared_count(1 if spec.shared_width else 0)
         w.add_leading_dense_block_count(spec.dense_layers)
@@ -108,6 +112,22 @@ def _add_mla(w: gguf.GGUFWriter, spec: ModelSpec) -> None:
     w.add_rope_dimension_count(rope)
     w.add_q_lora_rank(0)
     w.add_kv_lora_rank(rank)
+
+
+def _add_linear_attention(w: gguf.GGUFWriter, spec: ModelSpec) -> None:
+    """qwen35moe's keys as llama.cpp's converter writes them: the gated delta net's shape (its
+    recurrent state is linear_head_size x linear_head_size per value head), every
+    FULL_ATTENTION_INTERVAL-th layer full attention, and the interleaved M-RoPE sections of the
+    rotated quarter of a head (Qwen3.5's [11, 11, 10] for 64 rotated dimensions)."""
+    w.add_ssm_conv_kernel(LINEAR_CONV_KERNEL)
+    w.add_ssm_inner_size(spec.n_linear_heads * spec.linear_head_dim)
+    w.add_ssm_state_size(spec.linear_head_dim)
+    w.add_ssm_time_step_rank(spec.n_linear_heads)
+    w.add_ssm_group_count(spec.n_linear_key_heads)
+    w.add_full_attention_interval(FULL_ATTENTION_INTERVAL)
+    pairs = spec.head_dim // 4 // 2  # rotated dimension pairs, over three sections (time, height, width)
+    third = pairs // 3
+    w.add_rope_dimension_sections([third + (pairs % 3 > 0), third + (pairs % 3 > 1), third, 0])
 
 
 def _qtype(spec: ModelSpec, keep_f32: bool) -> gguf.GGMLQuantizationType:

@@ -53,20 +53,20 @@ def test_threads_default_to_the_physical_cores_and_help_is_true() -> None:
     assert "bevy: requests grouped per layer" in text and "bevy-ctx: a context per request" in text
 
 
-def test_settings_reach_the_runner_of_every_scheduler(runahead_model: Path) -> None:
+def test_settings_reach_the_runner_of_every_scheduler(layer_range_model: Path) -> None:
     code = f"""
 import json
 from bevy_gguf.config import EngineConfig
 from bevy_gguf.engine.engine import LLMEngine
 out = {{}}
 for s in ("bevy", "bevy-ctx", "prefetch", "blocking"):
-    with LLMEngine(EngineConfig(model={str(runahead_model)!r}, scheduler=s, n_threads=3, wait_timeout_s=7.5,
+    with LLMEngine(EngineConfig(model={str(layer_range_model)!r}, scheduler=s, n_threads=3, wait_timeout_s=7.5,
                                 flash_attn="off", n_parallel=2)) as engine:
         r = engine.make_runner()
         out[s] = [type(r).__name__, r.n_threads, getattr(r, "wait_timeout_s", None), r.flash_attn_type,
                   engine.cache.native is not None, r.two_pass]
     for two_pass in ("on", "off"):
-        with LLMEngine(EngineConfig(model={str(runahead_model)!r}, scheduler=s, two_pass=two_pass)) as engine:
+        with LLMEngine(EngineConfig(model={str(layer_range_model)!r}, scheduler=s, two_pass=two_pass)) as engine:
             out[s].append(engine.make_runner().two_pass)
 print(json.dumps(out))
 """

@@ -33,7 +33,8 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("arch,gguf_arch", [("qwen3moe", "qwen3moe"), ("qwen2moe", "qwen2moe"), ("mixtral", "llama"),
-                                            ("glm4moe", "glm4moe"), ("gpt-oss", "gpt-oss"), ("deepseek2", "deepseek2")])
+                                            ("glm4moe", "glm4moe"), ("gpt-oss", "gpt-oss"), ("deepseek2", "deepseek2"),
+                                            ("qwen35moe", "qwen35moe")])
 def test_metadata_and_tensors(arch: str, gguf_arch: str) -> None:
     spec = tiny_spec(arch)
     path = ensure_model(spec, progress=False)
@@ -44,8 +45,11 @@ def test_metadata_and_tensors(arch: str, gguf_arch: str) -> None:
     assert all(t.ggml_type == "Q8_0" and t.n_expert == 8 for t in info.expert_tensors)
     names = {t.name for t in gguf.GGUFReader(path).tensors}
     last = f"blk.{spec.layers - 1}"
-    assert (f"{last}.ffn_up_shexp.weight" in names) == (arch in ("qwen2moe", "glm4moe", "deepseek2"))
-    assert (f"{last}.attn_q_norm.weight" in names) == (arch == "qwen3moe")
+    assert (f"{last}.ffn_up_shexp.weight" in names) == (arch in ("qwen2moe", "glm4moe", "deepseek2", "qwen35moe"))
+    assert (f"{last}.attn_q_norm.weight" in names) == (arch in ("qwen3moe", "qwen35moe"))
+    # qwen35moe: linear attention (a gated delta net) in three of every four layers, full attention in the fourth
+    linear = {f"blk.{il}.ssm_conv1d.weight" for il in range(spec.layers) if (il + 1) % 4}
+    assert (linear <= names) == (arch == "qwen35moe") and f"{last}.ssm_conv1d.weight" not in names
     assert (f"{last}.attn_sinks.weight" in names) == (f"{last}.ffn_gate_exps.bias" in names) == (arch == "gpt-oss")
     assert (f"{last}.exp_probs_b.bias" in names) == (arch == "glm4moe")
     # deepseek2: MLA, as llama.cpp's converter writes it (split K and V decompression, no query compression)
@@ -197,6 +201,9 @@ def test_llama_quantize_failure_is_one_line(tmp_path: Path) -> None:
     ({"arch": "deepseek2", "kv_heads": 2, "heads": 8}, "one compressed KV"),
     ({"arch": "deepseek2", "shared_ff": 96, "ff": 64}, "multiple of --ff"),
     ({"arch": "deepseek2", "head_size": 18, "heads": 16, "embd": 256}, "multiple of 4"),
+    ({"linear_heads": 4}, "no linear-attention layers"), ({"arch": "qwen35moe", "linear_heads": 3}, "multiple of"),
+    ({"arch": "qwen35moe", "linear_head_size": 10}, "--linear-head-size"),
+    ({"arch": "qwen35moe", "head_size": 20, "heads": 8, "embd": 256}, "multiple of 8"),
 ])
 def test_bad_spec(kw: dict, fragment: str) -> None:
     with pytest.raises(BevyError, match=fragment):

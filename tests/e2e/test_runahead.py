@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import random
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import PROMPTS, compare_by_margin_rule, probe, run_json, stock_alone, tiny_spec
+from conftest import PROMPTS, compare_by_margin_rule, probe, run_cli, run_json, stock_alone, tiny_spec
 
 from bevy_gguf._native import libbevy as native
+from bevy_gguf.engine.cache_layout import CacheLayout
+from bevy_gguf.gguf_info import inspect_model
 from bevy_gguf.synth import ensure_model
 from bevy_gguf.synth.spec import ARCHS
 
@@ -117,7 +120,8 @@ def test_runahead_below_its_minimum_is_refused(runahead_model: Path) -> None:
 
     proc = run_cli("run", runahead_model, "--workload", "text", "--requests", "8", "--parallel", "8",
                    "--scheduler", "bevy-ctx", "--expert-cache", "20%", check=False)
-    assert proc.returncode != 0 and "8 contexts need at least 16" in proc.stderr
+    need = CacheLayout.of(inspect_model(runahead_model)).min_slots(1, 8, one_sequence=True)
+    assert proc.returncode != 0 and f"8 contexts need at least {need}" in proc.stderr
 
 
 def test_margin_rule_holds_for_workload_requests(runahead_model: Path) -> None:
@@ -140,3 +144,18 @@ def test_bevy_on_an_arch_without_layer_range_decode_runs_bevy_ctx_and_says_so(tm
     assert [r["tokens"] for r in got["requests"]] == [r["tokens"] for r in ref["requests"]]
     covered = probe(model, "bevy", "25%", 4, tmp_path, prompts=PROMPTS[:4], max_tokens=8)
     assert covered["scheduler"] == "bevy" and covered["scheduler_note"] is None
+
+
+def test_bevy_on_qwen35moe_runs_bevy_ctx_and_says_so() -> None:
+    """qwen35moe (Qwen3.5/3.6-MoE, linear-attention layers with a recurrent state) has no
+    layer-range decode yet: `run --scheduler bevy` says so in one line and in --json's stats,
+    and answers as bevy-ctx does (= stock --parallel 1), recurrent state and all."""
+    model = ensure_model(tiny_spec("qwen35moe", layers=4, experts=16, top_k=2), progress=False)
+    work = ("--workload", "text", "--requests", "4", "-n", "8")
+    proc = run_cli("run", model, *work, "--expert-cache", "25%", "--parallel", "4", "--json")
+    lines = [ln for ln in proc.stderr.splitlines() if "layer-range decode" in ln]
+    assert len(lines) == 1 and "qwen35moe builder does not have" in lines[0] and "running bevy-ctx" in lines[0]
+    got = json.loads(proc.stdout)
+    assert got["stats"]["scheduler"] == "bevy-ctx" and "qwen35moe" in got["stats"]["scheduler_note"]
+    ref = run_json("run", model, "--engine", "stock", "--parallel", "1", *work)
+    assert [r["tokens"] for r in got["requests"]] == [r["tokens"] for r in ref["requests"]]

@@ -19,12 +19,12 @@ def margin_ok(ref: dict, got: dict, n_requests: int, n_tokens: int) -> None:
 
 
 @pytest.mark.parametrize("cache", ["100%", "25%", "minimum"])
-def test_bevy_follows_the_margin_rule(tmp_path: Path, runahead_model: Path, cache: str) -> None:
+def test_bevy_follows_the_margin_rule(tmp_path: Path, layer_range_model: Path, cache: str) -> None:
     if cache == "minimum":
-        layout = CacheLayout.of(inspect_model(runahead_model))
+        layout = CacheLayout.of(inspect_model(layer_range_model))
         cache = str(layout.min_slots(1) * layout.slot_bytes)
-    ref = stock_alone(runahead_model, PROMPTS, 12)
-    got = probe(runahead_model, "bevy", cache, 8, tmp_path, prompts=PROMPTS, max_tokens=12)
+    ref = stock_alone(layer_range_model, PROMPTS, 12)
+    got = probe(layer_range_model, "bevy", cache, 8, tmp_path, prompts=PROMPTS, max_tokens=12)
     assert all(r["error"] is None for r in got["requests"])
     margin_ok(ref, {"requests": [{"tokens": r["tokens"]} for r in got["requests"]]}, 8, 12)
     assert got["pinned_after"] == 0
@@ -49,17 +49,17 @@ def test_with_runahead_and_without_the_margin_rule_holds(tmp_path: Path, mode: s
 
 
 @pytest.mark.parametrize("cache", ["50%", "twice-minimum"])
-def test_a_single_lane_loads_each_missed_expert_once(tmp_path: Path, runahead_model: Path, cache: str) -> None:
+def test_a_single_lane_loads_each_missed_expert_once(tmp_path: Path, layer_range_model: Path, cache: str) -> None:
     """One thread, one lane: it keeps its waiting flights' reservations while it computes (the
     cache holds twice the minimum), so the loads that land meanwhile cannot evict them. Dropping
     them loaded experts that were evicted before use: 20-30% more loads than misses here, and
     twice the bytes of bevy-ctx on the default model at 50% (measured)."""
-    layout = CacheLayout.of(inspect_model(runahead_model))
+    layout = CacheLayout.of(inspect_model(layer_range_model))
     if cache == "twice-minimum":  # the smallest cache where the lane keeps them: half for each
         cache = str(2 * layout.min_slots(1) * layout.slot_bytes)
     link = f"throttle:{4000 * layout.slot_bytes}B/s:ram"  # emulated, 0.25 ms an expert: loads land while it computes
-    ref = stock_alone(runahead_model, PROMPTS, 12)
-    got = probe(runahead_model, "bevy", cache, 8, tmp_path, prompts=PROMPTS, max_tokens=12, threads=1, link=link)
+    ref = stock_alone(layer_range_model, PROMPTS, 12)
+    got = probe(layer_range_model, "bevy", cache, 8, tmp_path, prompts=PROMPTS, max_tokens=12, threads=1, link=link)
     margin_ok(ref, {"requests": [{"tokens": r["tokens"]} for r in got["requests"]]}, 8, 12)
     c = got["counters"]
     assert 0 < c["loads"] <= c["misses"], c
@@ -107,8 +107,8 @@ def test_experts_of_whole_pages_load_without_a_copy(tmp_path: Path, dtype: str, 
     assert (got["counters"]["link_bounced"] > 0) == copies
 
 
-def test_bevy_through_the_cli_and_json(runahead_model: Path) -> None:
-    doc = run_json("run", runahead_model, "--workload", "text", "--requests", "8", "-n", "8",
+def test_bevy_through_the_cli_and_json(layer_range_model: Path) -> None:
+    doc = run_json("run", layer_range_model, "--workload", "text", "--requests", "8", "-n", "8",
                    "--scheduler", "bevy", "--expert-cache", "25%")
     s = doc["stats"]
     assert s["scheduler"] == "bevy" and s["tok_per_s"] > 0 and 0 < s["hit_rate"] <= 1 and s["bytes_loaded"] > 0

@@ -35,11 +35,11 @@ def test_identity_hook_is_bit_identical_and_sees_every_token(tmp_path: Path, tin
     moe = inspect_model(tiny_model).moe_layers
     rows = result["trace_rows"]
     # a dense layer has no hook; every MoE layer but the last computes every token; the last
-    # only the rows that output logits (gpt-oss's builder drops the others after the last layer)
+    # only the rows that output logits (gpt-oss's and qwen35moe's builders drop the others after it)
     assert [rows[il] for il in range(len(rows)) if il not in moe] == [0] * (len(rows) - len(moe))
     assert [rows[il] for il in moe[:-1]] == [n_prompt + decode_rows] * (len(moe) - 1)
     arch = inspect_model(tiny_model).arch
-    assert rows[moe[-1]] == (n_prompt if arch == "gpt-oss" else 3) + decode_rows
+    assert rows[moe[-1]] == (n_prompt if arch in ("gpt-oss", "qwen35moe") else 3) + decode_rows
     for il in moe:
         for row in result["trace_ids"][il]:
             assert len(set(row)) == len(row) == 2 and all(0 <= e < 8 for e in row)

@@ -7,10 +7,10 @@ from pathlib import Path
 from conftest import run_probe
 
 
-def test_layer_calls_match_llama_decode(runahead_model: Path) -> None:
+def test_layer_calls_match_llama_decode(layer_range_model: Path) -> None:
     """A prompt one layer per call (each call resuming after the attention its predecessor's
     lookahead ran) and a token with merged layers give llama_decode's logits, bit for bit."""
-    out = run_probe(str(runahead_model), script="layers_probe.py")
+    out = run_probe(str(layer_range_model), script="layers_probe.py")
     assert out["logit_scale"] > 1.0  # real logits, not zeros
     assert out["prompt_max_diff"] == 0.0
     assert out["merged_max_diff"] == 0.0

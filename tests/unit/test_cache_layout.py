@@ -10,7 +10,8 @@ from bevy_gguf.engine.cache_layout import DENSE, CacheLayout, SlotClass
 from bevy_gguf.errors import BevyError
 
 
-def info(down_bytes: list[int], n_expert: int = 16, top_k: int = 2, gate_bytes: int = 100) -> SimpleNamespace:
+def info(down_bytes: list[int], n_expert: int = 16, top_k: int = 2, gate_bytes: int = 100,
+         recurrent: bool = False) -> SimpleNamespace:
     """A model whose layer il has gate and up experts of gate_bytes and down experts of
     down_bytes[il] (0: a dense layer, without routed experts)."""
     tensors = []
@@ -22,7 +23,8 @@ def info(down_bytes: list[int], n_expert: int = 16, top_k: int = 2, gate_bytes: 
             tensors.append(SimpleNamespace(name=f"blk.{il}.ffn_{kind}_exps.weight", kind=kind, layer=il,
                                            n_expert=n_expert, nbytes=per * n_expert, offset=offset))
             offset += per * n_expert
-    return SimpleNamespace(expert_tensors=tensors, n_layer=len(down_bytes), n_expert=n_expert, n_expert_used=top_k)
+    return SimpleNamespace(expert_tensors=tensors, n_layer=len(down_bytes), n_expert=n_expert, n_expert_used=top_k,
+                           recurrent=recurrent)
 
 
 def test_layers_with_the_same_bytes_per_kind_share_a_class() -> None:
@@ -73,6 +75,20 @@ def test_the_minimum_is_one_tokens_experts_in_every_class() -> None:
     big = CacheLayout.of(info([144] * 7 + [210], n_expert=16, top_k=4))
     slots = big.class_slots(int(0.1 * big.expert_bytes))
     assert slots[1] == 4 and sum(n * c.bytes for n, c in zip(slots, big.classes)) <= int(0.1 * big.expert_bytes)
+
+
+def test_with_recurrent_layers_a_graph_may_hold_one_token_more() -> None:
+    """llama.cpp splits a batch of a model with recurrent layers by sequence and takes n_ubatch + 1
+    sequences of a token each: the minimum is two tokens' experts, and a micro-batch leaves room
+    for the extra token (measured: qwen35moe at one token's slots failed its decode)."""
+    plain, recurrent = CacheLayout.of(info([144, 144])), CacheLayout.of(info([144, 144], recurrent=True))
+    assert (plain.min_slots(1), recurrent.min_slots(1)) == (2, 4)
+    assert (plain.micro_batch(8, 64), recurrent.micro_batch(8, 64)) == (4, 3)
+    assert recurrent.micro_batch(recurrent.min_slots(1), 64) == 1
+    assert recurrent.micro_batch(16, 64) == 64  # every expert fits: no bound
+    # bevy-ctx's contexts hold one sequence each: a split by sequence never adds one
+    assert recurrent.min_slots(1, 8, one_sequence=True) == plain.min_slots(1, 8) == 16
+    assert recurrent.micro_batch(8, 64, one_sequence=True) == 4
 
 
 def test_a_layer_missing_a_kind_is_refused() -> None:
