@@ -35,31 +35,24 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def positive(name: str, kind: type = int):  # noqa: ANN201 - an argparse type
-    """An argparse type: an integer (or kind) of at least 1 (above 0 for a float)."""
+def positive(name: str, kind: type = int, minimum: int = 1):  # noqa: ANN201 - an argparse type
+    """An argparse type: an integer (or kind) of at least `minimum` (above 0 for a float)."""
     def parse(value: str) -> int | float:
         try:
             n = kind(value)
         except ValueError:
             what = "an integer" if kind is int else "a number"
             raise argparse.ArgumentTypeError(f"{name} must be {what}, got {value!r}") from None
-        if (n < 1 if kind is int else not n > 0):
-            raise argparse.ArgumentTypeError(f"{name} must be {'at least 1' if kind is int else 'above 0'}, got {n}")
+        if (n < minimum if kind is int else not n > 0):
+            bound = f"at least {minimum}" if kind is int else "above 0"
+            raise argparse.ArgumentTypeError(f"{name} must be {bound}, got {n}")
         return n
     return parse
 
 
 def non_negative(name: str):  # noqa: ANN201 - an argparse type
     """An argparse type: an integer of at least 0."""
-    def parse(value: str) -> int:
-        try:
-            n = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
-        if n < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be at least 0, got {n}")
-        return n
-    return parse
+    return positive(name, minimum=0)
 
 
 MODEL_FIELDS = ("arch", "experts", "top_k", "embd", "ff", "heads", "kv_heads", "head_size", "shared_ff",
