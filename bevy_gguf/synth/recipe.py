@@ -159,8 +159,7 @@ class Recipe:
         comes from the attention layers' context, as in the other archs."""
         s, d = self.spec, self.spec.embd
         rng = self.rng(f"blk.{layer}.linear_attn.{key}")
-        key_dim = s.n_linear_key_heads * s.linear_head_dim
-        value_dim = s.n_linear_heads * s.linear_head_dim
+        key_dim, value_dim = s.linear_key_dim, s.linear_value_dim
         shapes = {"qkv": (2 * key_dim + value_dim, d), "gate": (value_dim, d), "beta": (s.n_linear_heads, d),
                   "alpha": (s.n_linear_heads, d), "conv1d": (2 * key_dim + value_dim, LINEAR_CONV_KERNEL),
                   "out": (d, value_dim)}

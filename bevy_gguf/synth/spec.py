@@ -141,7 +141,7 @@ class ModelSpec:
                             f"--linear-key-heads {self.n_linear_key_heads}")
         if self.linear_head_dim % 2 or self.linear_head_dim < TOPIC_HEAD_MIN:
             raise BevyError(f"--linear-head-size {self.linear_head_dim} must be even and at least {TOPIC_HEAD_MIN}")
-        if (self.n_linear_heads * self.linear_head_dim) % 32:
+        if self.linear_value_dim % 32:
             raise BevyError(f"--linear-heads x --linear-head-size ({self.n_linear_heads} x {self.linear_head_dim}) "
                             "must be a multiple of 32")
         if self.head_dim % 8:
@@ -195,6 +195,16 @@ class ModelSpec:
     @property
     def linear_head_dim(self) -> int:
         return self.linear_head_size or self.head_dim
+
+    @property
+    def linear_key_dim(self) -> int:
+        """qwen35moe's linear attention: the width of its queries and of its keys."""
+        return self.n_linear_key_heads * self.linear_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        """... of its values (llama.cpp's ssm inner size)."""
+        return self.n_linear_heads * self.linear_head_dim
 
     def is_recurrent_layer(self, il: int) -> bool:
         """qwen35moe: a linear-attention layer (a gated delta net with a recurrent state)."""

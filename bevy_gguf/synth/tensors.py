@@ -89,7 +89,7 @@ def plan(spec: ModelSpec, recipe: Recipe | None = None) -> list[PlannedTensor]:
         if spec.arch == "gpt-oss":
             out.append(_fill(f"{blk}.attn_output.bias", (d,)))
             out.append(_fill(f"{blk}.attn_sinks.weight", (spec.n_head,)))
-        if spec.arch == "qwen3moe" or spec.arch == "qwen35moe" and not spec.is_recurrent_layer(il):
+        if spec.arch == "qwen3moe" or (spec.arch == "qwen35moe" and not spec.is_recurrent_layer(il)):
             out.append(_fill(f"{blk}.attn_q_norm.weight", (hd,), 1.0))
             out.append(_fill(f"{blk}.attn_k_norm.weight", (hd,), 1.0))
         out.append(_fill(f"{blk}.{'post_attention_norm' if post_norm else 'ffn_norm'}.weight", (d,), 1.0))
@@ -144,9 +144,8 @@ def _linear_attention(spec: ModelSpec, r: Recipe, il: int) -> list[PlannedTensor
     joint Q/K/V projection and its causal convolution, the output gate (z), the per-head decay
     (alpha, dt bias, A) and write strength (beta), the gated norm and the output projection."""
     blk, d = f"blk.{il}", spec.embd
-    key_dim = spec.n_linear_key_heads * spec.linear_head_dim
-    value_dim = spec.n_linear_heads * spec.linear_head_dim
-    conv_dim, n_v = 2 * key_dim + value_dim, spec.n_linear_heads
+    value_dim, n_v = spec.linear_value_dim, spec.n_linear_heads
+    conv_dim = 2 * spec.linear_key_dim + value_dim
 
     def lin(key: str) -> Draw:
         return _once(lambda: r.linear_attention(il, key))

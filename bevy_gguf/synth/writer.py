@@ -120,7 +120,7 @@ def _add_linear_attention(w: gguf.GGUFWriter, spec: ModelSpec) -> None:
     FULL_ATTENTION_INTERVAL-th layer full attention, and the interleaved M-RoPE sections of the
     rotated quarter of a head (Qwen3.5's [11, 11, 10] for 64 rotated dimensions)."""
     w.add_ssm_conv_kernel(LINEAR_CONV_KERNEL)
-    w.add_ssm_inner_size(spec.n_linear_heads * spec.linear_head_dim)
+    w.add_ssm_inner_size(spec.linear_value_dim)
     w.add_ssm_state_size(spec.linear_head_dim)
     w.add_ssm_time_step_rank(spec.n_linear_heads)
     w.add_ssm_group_count(spec.n_linear_key_heads)
