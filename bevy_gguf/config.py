@@ -44,7 +44,8 @@ def physical_cores() -> int:
 
 
 def parse_cache_size(text: str, expert_bytes: int) -> int:
-    """`25%` (of the routed expert bytes), `512MiB`, `1.5GB` or plain bytes -> bytes."""
+    """`25%` (of expert_bytes: the routed experts' bytes, or the cache's memory for every one of
+    them), `512MiB`, `1.5GB` or plain bytes -> bytes."""
     t = text.strip()
     if t.endswith("%"):
         try:

@@ -53,9 +53,10 @@ class Link:
     def emulated(self) -> bool:
         return lib.bevy_link_emulated(self.handle)
 
-    def read(self, offset: int, dst: np.ndarray) -> None:
-        """Fill dst (contiguous bytes) from [offset, offset + dst.nbytes) of the slow tier."""
-        if lib.bevy_link_read(self.handle, offset, dst.nbytes, dst.ctypes.data) != 0:
+    def read(self, offset: int, dst: np.ndarray, before: int = 0, after: int = 0) -> None:
+        """Fill dst (contiguous bytes) from [offset, offset + dst.nbytes) of the slow tier; the
+        link may use `before` bytes ahead of dst and `after` past it as scratch (bevy_link_read_padded)."""
+        if lib.bevy_link_read_padded(self.handle, offset, dst.nbytes, dst.ctypes.data, before, after) != 0:
             raise BevyError(f"link read failed: {lib.last_error()}")
 
     def close(self) -> None:
@@ -214,6 +215,13 @@ class NativeCache:
         """external_slots: the memory of one kind's slots of a class (a device's)."""
         if lib.bevy_cache_set_class_data(self.handle, slot_class, kind, data) != 0:
             raise BevyError(lib.last_error())
+
+    def slot_phase(self, il: int, kind: int) -> int:
+        """Where layer il's expert of kind starts inside its slot (bevy_cache_slot_phase)."""
+        phase = lib.bevy_cache_slot_phase(self.handle, il, kind)
+        if phase < 0:
+            raise BevyError(lib.last_error())
+        return phase
 
     def slot_data(self, kind: int, slot_class: int = 0) -> int:
         ptr = lib.bevy_cache_class_data(self.handle, slot_class, kind)

@@ -118,6 +118,7 @@ class BevyCacheParams(ctypes.Structure):
         ("class_kind_bytes", (c_uint64 * MAX_KINDS) * MAX_CLASSES),
         ("layer_class", POINTER(c_int32)),
         ("external_slots", c_int32),
+        ("class_kind_stride", (c_uint64 * MAX_KINDS) * MAX_CLASSES),
     ]
 
 
@@ -329,6 +330,15 @@ def bevy_link_read(link: BevyLink, offset: int, nbytes: int, dst: Any, /) -> int
     ...
 
 
+# int32_t bevy_link_read_padded(bevy_link * link, uint64_t offset, uint64_t nbytes, void * dst, uint64_t before,
+#                               uint64_t after);
+@_bind("bevy_link_read_padded", [BevyLink, c_uint64, c_uint64, c_void_p, c_uint64, c_uint64], c_int32)
+def bevy_link_read_padded(link: BevyLink, offset: int, nbytes: int, dst: Any, before: int, after: int, /) -> int:
+    """bevy_link_read with `before` / `after` bytes of scratch around dst (an O_DIRECT read of a
+    range that does not start a page then goes straight in): 0, or -1."""
+    ...
+
+
 # -- expert cache ------------------------------------------------------------------------------
 
 # bevy_cache_params bevy_cache_default_params(void);
@@ -365,10 +375,19 @@ def bevy_cache_set_writer(cache: BevyCache, il: int, kind: int, fn: int | None, 
     ...
 
 
+# int64_t bevy_cache_slot_phase(const bevy_cache * cache, int32_t il, int32_t kind);
+@_bind("bevy_cache_slot_phase", [BevyCache, c_int32, c_int32], c_int64)
+def bevy_cache_slot_phase(cache: BevyCache, il: int, kind: int, /) -> int:
+    """Where layer il's expert of kind starts inside its slot (its file offset modulo a page where
+    the slot's stride leaves room for an O_DIRECT read of its aligned superset, else 0); -1 on a bad
+    layer or kind."""
+    ...
+
+
 # void * bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind);
 @_bind("bevy_cache_class_data", [BevyCache, c_int32, c_int32], c_void_p)
 def bevy_cache_class_data(cache: BevyCache, c: int, kind: int, /) -> int | None:
-    """The slots of one kind of slot class c (its slot s at + (s - its first) * its kind bytes)."""
+    """The slots of one kind of slot class c (its slot s at + (s - its first) * its kind stride)."""
     ...
 
 

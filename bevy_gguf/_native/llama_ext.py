@@ -19,10 +19,10 @@ from bevy_gguf.errors import BevyError
 
 class LlamaMoeCacheTensor(ctypes.Structure):
     """llama_moe_cache_tensor: one kind's slots (e.g. "gate" and its bytes) of one layer (il, or -1:
-    every layer) for llama_set_moe_cache; n_slots 0: the call's."""
+    every layer) for llama_set_moe_cache; n_slots 0: the call's; stride 0: slots packed."""
 
     _fields_ = [("kind", c_char_p), ("data", c_void_p), ("nbytes", c_size_t), ("il", c_int32), ("n_slots", c_int32),
-                ("repack", c_int32), ("slots", c_void_p)]
+                ("repack", c_int32), ("slots", c_void_p), ("stride", c_size_t)]
 
 
 @cache

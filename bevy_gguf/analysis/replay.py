@@ -87,19 +87,3 @@ class ReplayRow:
     @property
     def hit_rate(self) -> float:
         return self.hits / self.lookups if self.lookups else 0.0
-
-
-def replay_all(sel: np.ndarray, n_expert: int, n_slots: int, slot_bytes: int) -> list[ReplayRow]:
-    """lru, next-use and Belady on the blocking order of sel."""
-    visits = blocking_order(sel)
-    n_layer = sel.shape[1]
-    lookups = sum(len(e) for _, e in visits)
-    tokens = sel.shape[0] * sel.shape[2]
-    rows = []
-    for policy in ("lru", "next-use", "belady"):
-        if policy == "belady":
-            hits = belady_hits(visits, n_slots)
-        else:
-            hits = replay_policy(policy, visits, n_layer, n_expert, n_slots)
-        rows.append(ReplayRow(policy, n_slots, hits, lookups, (lookups - hits) * slot_bytes / tokens))
-    return rows

@@ -9,7 +9,7 @@ import numpy as np
 
 from bevy_gguf._native.llama_handles import Model
 from bevy_gguf._native.loader import use_libllama
-from bevy_gguf.analysis.replay import ReplayRow, blocking_order, replay_all
+from bevy_gguf.analysis.replay import ReplayRow, blocking_order
 from bevy_gguf.analysis.routing import (
     MAX_CROSS_JACCARD,
     MIN_CONSECUTIVE,
@@ -65,17 +65,29 @@ def summarize(stats: list[LayerStats]) -> dict[str, float]:
 
 
 def replays(model_path: Path, sel: np.ndarray, n_expert: int, cache_sizes: list[str]) -> list[ReplayRow]:
+    """lru, next-use and Belady on the blocking order of sel through the live cache's slots: in
+    slot classes (a llama-quantize mix has several), each class replayed on its own layers' visits
+    with its own slots, its misses priced at its own expert bytes (as the bench's bound counts them)."""
+    from bevy_gguf.bench.harness import belady_misses, class_misses, policy_misses
+
     info = inspect_model(model_path)
     layout = CacheLayout.of(info)
+    moe = layout.moe_layers  # sel's layers are the MoE layers, in order
+    order = {"prefill": [], "decode": [(moe[il], es) for il, es in blocking_order(sel)]}
+    lookups = sum(len(e) for _, e in order["decode"])
+    tokens = sel.shape[0] * sel.shape[2]
     rows = []
     for size in cache_sizes:
-        budget = parse_cache_size(size, info.expert_bytes)
-        n_slots = min(budget // layout.slot_bytes, info.n_layer * n_expert)
-        need = max(len(e) for _, e in blocking_order(sel))
-        if n_slots < need:
-            raise BevyError(f"--expert-cache {size} holds {n_slots} experts, but one layer of the recorded batch "
-                            f"needs {need}: raise it")
-        rows += replay_all(sel, n_expert, n_slots, layout.slot_bytes)
+        budget = parse_cache_size(size, layout.slot_memory)
+        slots = layout.class_slots(budget)
+        if min(slots) < layout.min_slots(1):
+            raise BevyError(f"--expert-cache {size} holds {min(slots)} experts of a slot class, below one token's "
+                            f"{layout.min_slots(1)}: raise it")
+        for policy in ("lru", "next-use", "belady"):
+            count = belady_misses if policy == "belady" else (
+                lambda o, n, p=policy: policy_misses(o, n, p, info.n_layer, info.n_expert))
+            misses, nbytes = class_misses(order, layout, budget, count)
+            rows.append(ReplayRow(policy, sum(slots), lookups - misses, lookups, nbytes / tokens))
     return rows
 
 
@@ -91,7 +103,8 @@ def run_trace(model_path: Path, n_requests: int, prompt_tokens: int, steps: int,
                           "layers": [{f: getattr(s, f) for f in s.__slots__} for s in stats],
                           "summary": summary, "meets_design_5": ok,
                           "replay": [{"policy": r.policy, "slots": r.n_slots, "hit_rate": r.hit_rate,
-                                      "bytes_per_token": r.bytes_per_token} for r in rows]}))
+                                      "misses": r.lookups - r.hits, "bytes_per_token": r.bytes_per_token}
+                                     for r in rows]}))
         return 0
     k = sel.shape[-1]
     print(f"routing of the text workload: {n_requests} requests x {steps} decode steps (teacher forced), "
@@ -105,7 +118,8 @@ def run_trace(model_path: Path, n_requests: int, prompt_tokens: int, steps: int,
     print(f"LRU hit rates use E/4 = {max(1, n_expert // 4)} slots per layer. "
           f"{'All layers meet' if ok else 'Some layers miss'} the routing targets.")
     if rows:
-        print("replay of the blocking order (decode steps, every layer's union) against one pool of slots:")
+        print("replay of the blocking order (decode steps, every layer's union) through the cache's slots "
+              "(each slot class on its own layers):")
         print(f"{'slots':>6} {'policy':>9} {'hit rate':>9} {'MB/token':>9}")
         for r in rows:
             print(f"{r.n_slots:>6} {r.policy:>9} {r.hit_rate:>9.3f} {r.bytes_per_token / 1e6:>9.3f}")

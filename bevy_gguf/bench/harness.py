@@ -354,7 +354,7 @@ def _point_bound(cfg: BenchConfig, info: Any, layout: CacheLayout, order: dict[s
                            "online_policy": cfg.eviction, "online_misses": None, "online_link_s": None,
                            "online_tok_per_s": None}
     compute_s = fastest_compute_s(resident, rows, decode_tokens, by_rate=cfg.workload == "serve")
-    budget = parse_cache_size(cache, info.expert_bytes)
+    budget = parse_cache_size(cache, layout.slot_memory)  # as the live cache resolves a percentage
     misses, belady_bytes = class_misses(order, layout, budget, belady_misses)
     online, online_bytes = class_misses(order, layout, budget, lambda o, n: policy_misses(
         o, n, cfg.eviction, info.n_layer, info.n_expert))

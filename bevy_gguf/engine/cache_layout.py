@@ -10,6 +10,7 @@ slots, and the byte budget is split so that every class holds the same share of 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bevy_gguf.errors import BevyError
@@ -20,6 +21,10 @@ KIND_ORDER = ("gate", "up", "down", "gate_up", "gate.scale", "up.scale", "down.s
 MAX_CLASSES = 16  # libbevy's BEVY_MAX_CLASSES
 # libbevy's BEVY_DENSE_LAYER: the class of a layer without routed experts (GLM's leading dense layers)
 DENSE = -1
+PAGE = 4096  # O_DIRECT's alignment of file offsets, sizes and buffers
+TENSOR_ALIGN = 32  # ggml's TENSOR_ALIGNMENT: where a tensor over the slots may start
+ROOM_PAGES = 32  # a slot takes a page of room for unaligned reads only where its expert has this many pages
+                 # (the room then costs at most 1/32 of the slot's memory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,10 +33,25 @@ class SlotClass:
 
     kind_bytes: tuple[int, ...]  # one expert, per kind (in CacheLayout.kinds order)
     layers: tuple[int, ...]      # ascending
+    # bytes from one slot to the next, per kind (empty: kind_bytes, packed); a page more than an
+    # expert of whole pages whose file offsets do not start pages: the slot then takes an O_DIRECT
+    # read of the expert's page-aligned superset, the expert at its offset's place in the page
+    # (libbevy's bevy_cache_slot_phase), instead of a bounce buffer and a copy
+    kind_stride: tuple[int, ...] = ()
 
     @property
     def bytes(self) -> int:
+        """One expert, every kind."""
         return sum(self.kind_bytes)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self.kind_stride or self.kind_bytes
+
+    @property
+    def alloc_bytes(self) -> int:
+        """Memory one slot takes (its padding included)."""
+        return sum(self.strides)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +87,27 @@ class CacheLayout:
         """Bytes of every routed expert of the model."""
         return sum(c.bytes * len(c.layers) * self.n_expert for c in self.classes)
 
+    @property
+    def slot_memory(self) -> int:
+        """The cache's memory for every routed expert (their slots' room included): what a
+        percentage of the experts (--expert-cache 25%) is a share of."""
+        return sum(c.alloc_bytes * len(c.layers) * self.n_expert for c in self.classes)
+
     def layer_kind_bytes(self, il: int) -> tuple[int, ...]:
         return self.classes[self.layer_class[il]].kind_bytes
 
+    @staticmethod
+    def kinds_of(info: ModelInfo) -> tuple[str, ...]:
+        """The expert tensor kinds of info, in slot order."""
+        return tuple(k for k in KIND_ORDER if any(t.kind == k for t in info.expert_tensors))
+
     @classmethod
-    def of(cls, info: ModelInfo) -> CacheLayout:
-        kinds = tuple(k for k in KIND_ORDER if any(t.kind == k for t in info.expert_tensors))
+    def of(cls, info: ModelInfo, straight: Callable[[int, int], bool] | None = None) -> CacheLayout:
+        """The layout of info's experts; straight(layer, kind index) says whether that tensor's
+        experts are read from the file into their slots as they are (None: every one is; not where
+        an upload worker lays them out, as ggml-cpu's repacked layouts or a device's memory), which
+        decides where slots take room for reads that do not start a page (SlotClass.kind_stride)."""
+        kinds = cls.kinds_of(info)
         per_layer: dict[int, dict[str, int]] = {}
         sources = {}
         for t in info.expert_tensors:
@@ -97,9 +132,13 @@ class CacheLayout:
         if len(signatures) > MAX_CLASSES:
             raise BevyError(f"the experts come in {len(signatures)} layouts across layers: "
                             f"one expert cache serves at most {MAX_CLASSES}")
-        classes = tuple(SlotClass(sig, tuple(il for il, c in enumerate(layer_class) if c == i))
-                        for i, sig in enumerate(signatures))
-        return cls(kinds, classes, tuple(layer_class), sources, info.n_layer, info.n_expert, info.n_expert_used,
+        classes = []
+        for i, sig in enumerate(signatures):
+            layers = tuple(il for il, c in enumerate(layer_class) if c == i)
+            strides = tuple(_stride(nbytes, [(il, k) for il in layers], sources, straight)
+                            for k, nbytes in enumerate(sig))
+            classes.append(SlotClass(sig, layers, strides if strides != sig else ()))
+        return cls(kinds, tuple(classes), tuple(layer_class), sources, info.n_layer, info.n_expert, info.n_expert_used,
                    overshoot=1 if info.recurrent else 0)
 
     def min_slots(self, tokens: int = 1, contexts: int = 1, one_sequence: bool = False) -> int:
@@ -111,12 +150,12 @@ class CacheLayout:
 
     def min_bytes(self) -> int:
         """The smallest budget: every class holds one token's experts."""
-        return sum(self.min_slots(1) * c.bytes for c in self.classes)
+        return sum(self.min_slots(1) * c.alloc_bytes for c in self.classes)
 
     def class_slots(self, budget_bytes: int) -> tuple[int, ...]:
         """Slots per class for a byte budget: the same share of each class's experts, at least
-        min_slots(1) each, the rest of the budget filled (bytes allocated <= budget_bytes, less
-        than one slot of each class left over). Below min_bytes(), the classes' minimums (the
+        min_slots(1) each, the rest of the budget filled (bytes allocated, padding included, <=
+        budget_bytes, less than one slot of each class left over). Below min_bytes(), the classes' minimums (the
         caller refuses such a budget)."""
         caps = [len(c.layers) * self.n_expert for c in self.classes]
         share = min(1.0, budget_bytes / self.expert_bytes)
@@ -124,7 +163,7 @@ class CacheLayout:
         slots = [max(f, min(cap, math.floor(share * cap))) for f, cap in zip(floor, caps)]
 
         def used() -> int:
-            return sum(n * c.bytes for n, c in zip(slots, self.classes))
+            return sum(n * c.alloc_bytes for n, c in zip(slots, self.classes))
 
         while used() > budget_bytes:  # the minimums raised some: take from the fullest others
             over = [i for i, n in enumerate(slots) if n > floor[i]]
@@ -133,7 +172,7 @@ class CacheLayout:
             slots[max(over, key=lambda i: slots[i] / caps[i])] -= 1
         while True:  # what is left: one more slot to the emptiest class it fits
             room = budget_bytes - used()
-            fits = [i for i, c in enumerate(self.classes) if slots[i] < caps[i] and c.bytes <= room]
+            fits = [i for i, c in enumerate(self.classes) if slots[i] < caps[i] and c.alloc_bytes <= room]
             if not fits:
                 return tuple(slots)
             slots[min(fits, key=lambda i: slots[i] / caps[i])] += 1
@@ -161,3 +200,18 @@ class CacheLayout:
         if share >= self.n_expert:
             return limit
         return max(1, min(limit, share // self.top_k - (0 if one_sequence else self.overshoot)))
+
+
+def _stride(nbytes: int, keys: list[tuple[int, int]], sources: dict[tuple[int, int], int],
+            straight: Callable[[int, int], bool] | None) -> int:
+    """Bytes from one slot of a kind to the next (see SlotClass.kind_stride): a page more than the
+    expert where its bytes are whole pages (at least ROOM_PAGES), some of its layers' experts do
+    not start pages, all of them start where a tensor may (TENSOR_ALIGN), and every one is read
+    straight into its slot."""
+    offsets = [sources[key] for key in keys]
+    if nbytes % PAGE or nbytes < ROOM_PAGES * PAGE or all(o % PAGE == 0 for o in offsets) \
+            or any(o % TENSOR_ALIGN for o in offsets):
+        return nbytes
+    if straight is not None and not all(straight(il, k) for il, k in keys):
+        return nbytes
+    return nbytes + PAGE

@@ -31,6 +31,7 @@ import numpy as np
 
 from bevy_gguf._native import llama_ext
 from bevy_gguf._native.llama_handles import Context, ContextParams, Model
+from bevy_gguf.engine.cache_layout import PAGE
 from bevy_gguf.engine.expert_cache import ExpertCache
 
 REPEATS = 5        # timed runs per candidate (median)
@@ -204,7 +205,9 @@ class _LinkStream:
         layout = cache.layout
         self.link = cache.native.link
         self.slot_bytes = layout.slot_bytes
-        self.reads = [(offset + e * nbytes, nbytes) for (il, kind), offset in layout.sources.items()
+        # as the upload workers read: with a page of room around the expert where they have it
+        self.reads = [(offset + e * nbytes, nbytes, cache.reads_with_room(il, kind))
+                      for (il, kind), offset in layout.sources.items()
                       for nbytes in (layout.layer_kind_bytes(il)[kind],) for e in range(layout.n_expert)]
         self._cv = threading.Condition()
         self._go = self._quit = False
@@ -227,7 +230,7 @@ class _LinkStream:
 
     def _run(self, index: int) -> None:
         reads = self.reads[index::len(self._threads)] or self.reads
-        buffers = {n: _aligned(n) for _, n in reads}
+        buffers = {n: _aligned(n + 2 * PAGE) for _, n, _ in reads}
         i = 0
         while True:
             with self._cv:
@@ -236,10 +239,11 @@ class _LinkStream:
                 if self._quit:
                     return
                 self._active += 1
-            offset, nbytes = reads[i % len(reads)]
+            offset, nbytes, room = reads[i % len(reads)]
+            at = offset % PAGE if room else 0
             i += 1
             try:
-                self.link.read(offset, buffers[nbytes])
+                self.link.read(offset, buffers[nbytes][at: at + nbytes], before=at, after=2 * PAGE - at if room else 0)
             except BaseException as e:  # noqa: BLE001 - a failed read: the measurement says nothing moved
                 self.error = e
             with self._cv:

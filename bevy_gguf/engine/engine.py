@@ -47,7 +47,8 @@ class Runner(Protocol):
 # (bevy's; None for the runners without it)
 RUNNER_STATS = {"lanes": "lanes_used", "two_pass_overhead_s": "pass_overhead_s",
                 "load_contention_s": "load_contention_s", "load_alone_s": "load_alone_s",
-                "two_pass_calls": "two_pass_calls", "layer_calls": "calls", "calibration_error": "calibration_error",
+                "two_pass_calls": "two_pass_calls", "layer_calls": "calls", "resident_calls": "resident_calls",
+                "calibration_error": "calibration_error",
                 "runahead": "runahead_stats", "lane_time": "time_split"}
 
 
@@ -84,13 +85,16 @@ class LLMEngine:
         self.model = Model(self.lib, config.model, repack=config.repack, gpu_layers=config.gpu_layers,
                            cpu_moe_layers=experts_in_host_memory(config, self.info.n_layer))
         self.cache: ExpertCache | None = None
+        self.fill_s = 0.0  # start-up seconds loading every expert (a cache that holds them all)
         try:
             if not self.stock:
-                self.cache = ExpertCache(self.info, config.cache_bytes(self.info.expert_bytes), config.link_spec,
+                repack, device = self.lib if config.repack else None, self.device[0] if self.device else None
+                layout, _ = ExpertCache.plan_layout(self.info, repack, device)  # percentages: of its slot memory
+                self.cache = ExpertCache(self.info, config.cache_bytes(layout.slot_memory), config.link_spec,
                                          policy=config.eviction, n_workers=config.link_workers,
                                          wait_timeout_s=config.wait_timeout_s, seed=config.seed,
-                                         repack=self.lib if config.repack else None,
-                                         device=self.device[0] if self.device else None, lib=self.lib)
+                                         repack=repack, device=device, lib=self.lib)
+                self.fill_s = self.cache.fill()  # a cache that holds every expert loads them now
         except BaseException:
             self.model.close()
             raise
@@ -200,7 +204,7 @@ class LLMEngine:
         return {"scheduler": self.scheduler.name, "scheduler_note": self.scheduler_note,
                 "link": c.link_name, "store": c.store, "staging_pinned": c.staging_pinned(),
                 "bytes": c.budget_bytes, "slots": c.n_slots,
-                "class_slots": list(c.class_slots), "wasted_bytes": c.wasted_bytes,
+                "class_slots": list(c.class_slots), "wasted_bytes": c.wasted_bytes, "fill_s": self.fill_s,
                 "repacked": len(c.repacked), "expert_tensors": len(self.info.expert_tensors),
                 "micro_batch": self.runner.micro_batch if self.runner else None, "decode": stats.decode_counters,
                 "total": c.counters(), "layers": [c.counters(il) for il in range(self.info.n_layer)],

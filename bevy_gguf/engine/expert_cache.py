@@ -7,6 +7,7 @@ the handles behind it are bevy_handles'.
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -34,6 +35,9 @@ def open_link(info: ModelInfo, spec: LinkSpec) -> Link:
     return link.throttle(spec.rate) if spec.rate is not None else link
 
 
+FILL_QUIET_S = 5.0  # a start-up fill gives up once no load has ended for this long (failed or stalled loads)
+
+
 class ExpertCache:
     """A native expert cache over a link; hands a hook to every context that uses it."""
 
@@ -46,23 +50,26 @@ class ExpertCache:
         cache runs stock's kernels (llama.cpp's default; None: the file's bytes, as --no-repack).
         device: the slots live in that ggml device's memory (device_slots.py; lib: the patched
         llama_cpp that allocates them), in the file's layout; None: host memory."""
-        self.layout = layout = CacheLayout.of(info)
+        layout, repacked = self.plan_layout(info, repack, device)
+        self.layout = layout
         if len(layout.kinds) > libbevy.MAX_KINDS:
             raise BevyError(f"{len(layout.kinds)} expert tensor kinds: at most {libbevy.MAX_KINDS} are supported")
         if policy not in libbevy.POLICIES:
             raise BevyError(f"unknown eviction policy {policy!r}: choose one of {', '.join(libbevy.POLICIES)}")
         minimum = layout.min_bytes()
         if budget_bytes < minimum:
-            per = " + ".join(f"{layout.min_slots(1)} x {c.bytes}" for c in layout.classes)
+            per = " + ".join(f"{layout.min_slots(1)} x {c.alloc_bytes}" for c in layout.classes)
             raise BevyError(f"--expert-cache of {budget_bytes} bytes is below the minimum of {minimum} bytes "
                             f"({layout.top_k} experts of each layer's layout: {per} bytes): raise it")
         self.class_slots = layout.class_slots(budget_bytes)  # per slot class (cache_layout.py)
         self.n_slots = sum(self.class_slots)
         self.min_class_slots = min(self.class_slots)  # what the schedulers' per-layer rules may count on
-        # bytes allocated; what the budget given leaves unused is waste (less than a slot per class)
-        self.budget_bytes = sum(n * c.bytes for n, c in zip(self.class_slots, layout.classes))
-        self.wasted_bytes = budget_bytes - self.budget_bytes
+        # bytes allocated; waste: what the budget given leaves unused (less than a slot per class) and
+        # the slots' room for reads that do not start a page (SlotClass.kind_stride)
+        self.budget_bytes = sum(n * c.alloc_bytes for n, c in zip(self.class_slots, layout.classes))
+        self.wasted_bytes = budget_bytes - sum(n * c.bytes for n, c in zip(self.class_slots, layout.classes))
         self.n_workers = n_workers
+        self.wait_timeout_s = wait_timeout_s
         params = libbevy.bevy_cache_default_params()
         params.n_layer, params.n_expert, params.n_kinds = layout.n_layer, layout.n_expert, len(layout.kinds)
         for i, b in enumerate(layout.classes[0].kind_bytes):
@@ -71,8 +78,9 @@ class ExpertCache:
         params.n_classes = len(layout.classes)
         for c, (n, sc) in enumerate(zip(self.class_slots, layout.classes)):
             params.class_slots[c] = n
-            for i, b in enumerate(sc.kind_bytes):
+            for i, (b, stride) in enumerate(zip(sc.kind_bytes, sc.strides)):
                 params.class_kind_bytes[c][i] = b
+                params.class_kind_stride[c][i] = stride
         layer_class = (ctypes.c_int32 * layout.n_layer)(*layout.layer_class)
         params.layer_class = ctypes.cast(layer_class, ctypes.POINTER(ctypes.c_int32))  # copied by bevy_cache_new
         params.policy = libbevy.POLICIES[policy]
@@ -97,18 +105,72 @@ class ExpertCache:
             repack = None  # ggml-cpu's layouts are for host memory: a device's slots hold the file's bytes
         self.store = device or "host"  # where the slots live
         self.repack = repack is not None
-        self.repacked = self._repack_slots(info, repack) if repack is not None else ()
+        self.repacked = self._repack_slots(info, repack, repacked) if repacked else ()
+        # (layer, kind index) whose loads an upload worker lays out from a staging buffer
+        self._written = {(il, k) for il in layout.moe_layers for k in range(len(layout.kinds))} if device else {
+            (il, layout.kinds.index(kind)) for il, kind in repacked}
 
-    def _repack_slots(self, info: ModelInfo, llama_cpp: ModuleType) -> tuple[str, ...]:
+    def reads_with_room(self, il: int, kind: int) -> bool:
+        """Whether the upload workers read layer il's experts of this kind (index) with room around
+        them (a strided slot, or a writer's staging buffer), so that O_DIRECT never bounces them."""
+        sc = self.layout.classes[self.layout.layer_class[il]]
+        return (il, kind) in self._written or sc.strides[kind] > sc.kind_bytes[kind]
+
+    @staticmethod
+    def plan_layout(info: ModelInfo, repack: ModuleType | None = None,
+                    device: str | None = None) -> tuple[CacheLayout, dict[tuple[int, str], int]]:
+        """The slot layout a cache of these arguments uses (its slot_memory is what --expert-cache
+        percentages are shares of), and the expert tensors its upload workers lay out in ggml-cpu's
+        repacked layouts: (layer, kind) -> their type id (the others are read straight into slots)."""
+        repacked = {}
+        if repack is not None and device is None:
+            for t in info.expert_tensors:
+                type_id = gguf.GGMLQuantizationType[t.ggml_type].value
+                if llama_ext.repacks(repack, type_id, *t.ne):
+                    repacked[(t.layer, t.kind)] = type_id
+        kinds = CacheLayout.kinds_of(info)
+        layout = CacheLayout.of(info, straight=lambda il, k: device is None and (il, kinds[k]) not in repacked)
+        return layout, repacked
+
+    def _repack_slots(self, info: ModelInfo, llama_cpp: ModuleType,
+                      repacked: dict[tuple[int, str], int]) -> tuple[str, ...]:
         """Have the upload workers write the experts that ggml-cpu repacks in its layout; their names."""
         writer = llama_ext.write_repacked_fn(llama_cpp)
         names = []
         for t in info.expert_tensors:
-            type_id = gguf.GGMLQuantizationType[t.ggml_type].value
-            if llama_ext.repacks(llama_cpp, type_id, *t.ne):
+            if (type_id := repacked.get((t.layer, t.kind))) is not None:
                 self.native.set_writer(t.layer, self.layout.kinds.index(t.kind), writer, type_id, *t.ne)
                 names.append(t.name)
         return tuple(names)
+
+    def holds_every_expert(self) -> bool:
+        return all(n >= len(c.layers) * self.layout.n_expert for c, n in zip(self.layout.classes, self.class_slots))
+
+    def fill(self) -> float:
+        """Where the cache holds every routed expert, load them all now, as llama.cpp loads every
+        weight at start-up, so that no request waits for a cold miss (lookups are not counted, nor
+        the wait as a stall); returns the seconds it took (0.0: a smaller cache, which loads on
+        demand). A load that fails leaves its expert to load on demand, where its error surfaces."""
+        if not self.holds_every_expert():
+            return 0.0
+        t0 = time.perf_counter()
+        layers = list(self.layout.moe_layers)
+        n = len(layers)
+        experts = [tuple(range(self.layout.n_expert))] * n
+        flights = self.flights()
+        admit, quiet_s = True, 0.0  # the first pass queues every load, the later ones only look
+        with self.not_learning():
+            while True:
+                flights.fill(layers, experts, [0] * n, [admit] * n, [False] * n)
+                self.refresh(0, flights)
+                admit = False
+                # done: all in; or no load has ended for FILL_QUIET_S (what is left failed or stalls)
+                late = time.perf_counter() - t0 > self.wait_timeout_s
+                if not any(flights.absent()) or quiet_s >= FILL_QUIET_S or late:
+                    break
+                quiet_s = 0.0 if self.wait(flights.pass_.version, 100, -1) else quiet_s + 0.1
+        self.unreserve_all(0)
+        return time.perf_counter() - t0
 
     # -- contexts ------------------------------------------------------------------------
 
@@ -116,7 +178,7 @@ class ExpertCache:
         """Refuse a cache too small for `contexts` contexts of one sequence each decoding one token each."""
         need = self.layout.min_slots(1, contexts, one_sequence=True)
         if self.min_class_slots < need:
-            bytes_needed = sum(need * c.bytes for c in self.layout.classes)
+            bytes_needed = sum(need * c.alloc_bytes for c in self.layout.classes)
             held = (f"{self.n_slots} experts" if len(self.class_slots) == 1 else
                     f"{self.min_class_slots} experts of its smallest slot class")
             raise BevyError(f"an expert cache of {self.budget_bytes} bytes holds {held}; "
@@ -149,11 +211,15 @@ class ExpertCache:
                 t = tensors[n * len(layout.kinds) + i]
                 t.kind, t.il, t.n_slots = kind.encode(), il, self.class_slots[c]
                 t.repack = int(self.repack)  # the patch repacks exactly where _repack_slots set a writer
+                stride = layout.classes[c].strides[i]
                 if self.device_slots is not None:
                     t.slots, t.data = self.device_slots.slots(c, i)
-                else:
-                    t.data = self.native.slot_data(i, c)
-                t.nbytes = nbytes * self.class_slots[c]
+                    t.nbytes = nbytes * self.class_slots[c]
+                else:  # where the slots have room, the layer's experts start inside them (slot_phase)
+                    phase = self.native.slot_phase(il, i)
+                    t.data = self.native.slot_data(i, c) + phase
+                    t.nbytes = stride * self.class_slots[c] - phase
+                    t.stride = stride if stride != nbytes else 0
         if llama_ext.set_moe_cache(ctx.lib, ctx.ptr, tensors, max(self.class_slots)) != 0:
             raise BevyError("llama.cpp refused the expert cache for this model (its log says why)")
         llama_ext.set_two_pass(ctx.lib, ctx.ptr, two_pass)

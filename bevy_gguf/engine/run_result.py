@@ -46,6 +46,8 @@ class RunResult:
                       "expert_cache_slots": self.cache["slots"], "micro_batch": self.cache["micro_batch"],
                       "slot_classes": self.cache["class_slots"],
                       "expert_cache_wasted_bytes": self.cache["wasted_bytes"],
+                      # start-up seconds loading every expert, where the cache holds them all (else 0)
+                      "expert_cache_fill_s": round(self.cache["fill_s"], 6),
                       # expert tensors whose slots are in ggml-cpu's repacked layout (as stock repacks them)
                       "repacked_expert_tensors": f"{self.cache['repacked']} of {self.cache['expert_tensors']}",
                       "total": self.cache["total"], "link_load_s": self.cache["load_s"],

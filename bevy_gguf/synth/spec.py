@@ -15,10 +15,12 @@ ARCHS = ("qwen3moe", "qwen2moe", "mixtral", "glm4moe", "gpt-oss", "deepseek2", "
 SHARED_EXPERT_ARCHS = ("qwen2moe", "glm4moe", "deepseek2", "qwen35moe")  # archs whose MoE layers have a shared expert
 DENSE_LEAD_ARCHS = ("glm4moe", "deepseek2")                # archs that may start with dense FFN layers
 DTYPES = ("f16", "q8_0")
-# llama-quantize's file types that need no importance matrix (the IQ1/IQ2 ones do, and we make none)
+# llama-quantize's file types; those it quantizes only with an importance matrix (IMATRIX_TYPES) get a
+# flat one (writer.flat_imatrix: test models, whose weights are random anyway)
+IMATRIX_TYPES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "Q2_K_S")
 QUANTIZE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S",
                   "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_M", "MXFP4_MOE",
-                  "F16", "BF16")
+                  "F32", "F16", "BF16") + IMATRIX_TYPES
 MIN_VOCAB = N_VOCAB
 TOPIC_HEAD_MIN = 16  # head 0 carries the recipe's 16 topic coordinates (recipe.py)
 # the shape fields in the key, where set: tag

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 import subprocess
 from pathlib import Path
 
@@ -16,18 +17,17 @@ from tqdm import tqdm
 from bevy_gguf.errors import BevyError
 from bevy_gguf.paths import tool_path
 from bevy_gguf.synth.recipe import LINEAR_CONV_KERNEL
-from bevy_gguf.synth.spec import FULL_ATTENTION_INTERVAL, ModelSpec
+from bevy_gguf.synth.spec import FULL_ATTENTION_INTERVAL, IMATRIX_TYPES, ModelSpec
 from bevy_gguf.synth.tensors import plan
 from bevy_gguf.synth.tokenizer import build_vocab
 
 CONTEXT_LENGTH = 4096
 ROPE_FREQ_BASE = 10000.0
 RMS_EPS = 1e-6
-# tensor data starts on 4 KiB pages, so O_DIRECT reads an expert straight into its cache slot
-# (no bounce copy) whenever its size is whole pages, as for the default model; a model to
-# quantize keeps gguf's default (32, what real files have): llama-quantize copies the
-# general.alignment key but lays its output out with the default, misplacing every tensor
-DATA_ALIGNMENT = 4096
+# tensor data keeps gguf's default alignment (32 bytes), as real files have it (convert_hf_to_gguf.py's
+# and llama-quantize's output: llama-quantize would copy another general.alignment key but lay its
+# output out with the default, misplacing every tensor), so an expert rarely starts a page and the
+# cache's O_DIRECT reads of unaligned experts are the measured case (cache_layout.SlotClass.kind_stride)
 
 # llama.cpp stores Mixtral as 'llama' with expert tensors
 GGUF_ARCH = {"qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "mixtral": "llama", "glm4moe": "glm4moe",
@@ -150,15 +150,19 @@ def write_model(spec: ModelSpec, out: Path, progress: bool = True) -> None:
         if spec.quantize:
             base = out.with_name(f".{out.name}.{os.getpid()}.base.tmp")
             try:
-                _write_base(spec.base, base, progress, alignment=None)
+                _write_base(spec.base, base, progress)
                 quantize(base, tmp, spec, n_threads=os.cpu_count() or 1)
             finally:
                 base.unlink(missing_ok=True)
         else:
-            _write_base(spec, tmp, progress, alignment=DATA_ALIGNMENT)
+            _write_base(spec, tmp, progress)
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+# tensor types llama-quantize writes only with an importance matrix (its tensor_requires_imatrix)
+IMATRIX_TENSOR_TYPES = ("iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs")
 
 
 def quantize(src: Path, dst: Path, spec: ModelSpec, n_threads: int) -> None:
@@ -166,13 +170,21 @@ def quantize(src: Path, dst: Path, spec: ModelSpec, n_threads: int) -> None:
     cmd = [str(tool_path("llama-quantize"))]
     if spec.dtype != "f16":
         cmd.append("--allow-requantize")  # a Q8_0 base is already quantized
+    if spec.quantize in IMATRIX_TYPES or any(tt.split("=")[-1].lower() in IMATRIX_TENSOR_TYPES
+                                             for tt in spec.tensor_types):
+        imatrix = dst.with_name(dst.name + ".imatrix")
+        flat_imatrix(src, imatrix)
+        cmd += ["--imatrix", str(imatrix)]
     for tt in spec.tensor_types:
         cmd += ["--tensor-type", tt]
     cmd += ["--override-kv", f"bevy.quantize=str:{spec.quantize}"]
     if spec.tensor_types:
         cmd += ["--override-kv", f"bevy.tensor_types=str:{','.join(spec.tensor_types)}"]
     cmd += [str(src), str(dst), spec.quantize, str(n_threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    finally:
+        dst.with_name(dst.name + ".imatrix").unlink(missing_ok=True)
     if proc.returncode != 0:
         lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
         # its first complaint names the cause (an invalid type, a missing file); usage text follows
@@ -181,13 +193,26 @@ def quantize(src: Path, dst: Path, spec: ModelSpec, n_threads: int) -> None:
         raise BevyError(f"llama-quantize {spec.quantize} failed: {why}")
 
 
-def _write_base(spec: ModelSpec, tmp: Path, progress: bool, alignment: int | None) -> None:
-    """The generated model (F16/Q8_0 experts) into tmp (alignment None: gguf's default): the
-    header from the tensors' shapes, then each tensor drawn and written a chunk at a time."""
+def flat_imatrix(src: Path, dst: Path) -> None:
+    """An importance matrix of ones for every matrix of src, in llama.cpp's legacy imatrix format
+    (entries: name, calls, values; a 3-d expert tensor has a row of values per expert): what
+    llama-quantize needs for its IQ1/IQ2 types. Every column equally important is what quantizing
+    without one means; fine for test models, whose weights are random."""
+    entries = [(t.name, int(t.shape[0]) * (int(t.shape[2]) if len(t.shape) > 2 else 1))
+               for t in gguf.GGUFReader(src).tensors if len(t.shape) >= 2 and t.name.endswith(".weight")]
+    with open(dst, "wb") as f:
+        f.write(struct.pack("<i", len(entries)))
+        for name, n in entries:
+            raw = name.encode()
+            f.write(struct.pack("<i", len(raw)) + raw + struct.pack("<ii", 1, n))
+            f.write(np.ones(n, dtype="<f4").tobytes())
+
+
+def _write_base(spec: ModelSpec, tmp: Path, progress: bool) -> None:
+    """The generated model (F16/Q8_0 experts) into tmp: the header from the tensors' shapes, then
+    each tensor drawn and written a chunk at a time."""
     tensors = plan(spec)
     w = gguf.GGUFWriter(tmp, GGUF_ARCH[spec.arch])
-    if alignment is not None:
-        w.add_custom_alignment(alignment)
     _add_metadata(w, spec)
     sizes = []
     for t in tensors:

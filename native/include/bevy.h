@@ -104,6 +104,11 @@ BEVY_API bool        bevy_link_emulated(const bevy_link * link);
 BEVY_API uint64_t    bevy_link_bounced(const bevy_link * link);
 // copies [offset, offset + nbytes) of the slow tier to dst; 0, or -1 (bevy_last_error says why)
 BEVY_API int32_t     bevy_link_read(bevy_link * link, uint64_t offset, uint64_t nbytes, void * dst);
+// bevy_link_read where the link may also write `before` bytes ahead of dst and `after` bytes past
+// dst + nbytes (scratch): an O_DIRECT file link then reads an expert that does not start a page
+// straight in (its page-aligned superset), where dst sits at the offset's place in a page
+BEVY_API int32_t     bevy_link_read_padded(bevy_link * link, uint64_t offset, uint64_t nbytes, void * dst,
+                                           uint64_t before, uint64_t after);
 
 //
 // Expert cache: one pool of slots in fast memory, in slot classes: the layers whose experts
@@ -111,7 +116,9 @@ BEVY_API int32_t     bevy_link_read(bevy_link * link, uint64_t offset, uint64_t 
 // e.g. ffn_down Q6_K in some layers, Q4_K in others), and an expert of layer il takes a slot of
 // il's class. Class c owns slots [first_c, first_c + class_slots[c]) (first_c: the slots of
 // the classes before it); slot s of kind k lives at bevy_cache_class_data(cache, c, k) +
-// (s - first_c) * class_kind_bytes[c][k]. One class (n_classes 0): kind_bytes and n_slots.
+// (s - first_c) * class_kind_stride[c][k] (0: class_kind_bytes[c][k]), and an expert of layer il
+// starts bevy_cache_slot_phase(cache, il, k) bytes into it. One class (n_classes 0): kind_bytes
+// and n_slots.
 //
 
 #define BEVY_MAX_KINDS 8
@@ -141,6 +148,10 @@ typedef struct bevy_cache_params {
     int32_t  external_slots;              // 1: libbevy allocates no slot memory: the caller gives each (class, kind)'s
                                           // (bevy_cache_set_class_data; a device's memory, such as llama_moe_slots_new's)
                                           // and a writer for every (layer, kind) before any load; 0: host memory of its own
+    uint64_t class_kind_stride[BEVY_MAX_CLASSES][BEVY_MAX_KINDS]; // bytes from one slot of each kind to the next, per
+                                          // class (0: class_kind_bytes, packed; with one class, [0]); whole pages above
+                                          // the kind's bytes (slots of libbevy's own only) leave room in each slot for an
+                                          // O_DIRECT read of an expert that does not start a page (bevy_cache_slot_phase)
 } bevy_cache_params;
 
 // The counters, X(name, what): per layer unless "totals only"; bevy_counter_name(i) names the
@@ -195,6 +206,11 @@ BEVY_API int32_t      bevy_cache_set_staging(bevy_cache * cache, bevy_staging_al
                                              void * user);
 // staging buffers alloc has given so far (the others: default host memory)
 BEVY_API int64_t      bevy_cache_staging_given(const bevy_cache * cache);
+// where layer il's expert of kind k starts inside its slot: the expert's file offset modulo a
+// page where its bytes are whole pages and its class's stride for k is a page more (the read of
+// its page-aligned superset then lands in the slot with no copy), else 0; -1 on a bad layer or kind.
+// Set the layer's source (bevy_cache_set_source) first.
+BEVY_API int64_t      bevy_cache_slot_phase(const bevy_cache * cache, int32_t il, int32_t kind);
 // the slots of kind k of class c; NULL on a bad class or kind (or external slots not given yet)
 BEVY_API void *       bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind);
 // external_slots: where the slots of kind k of class c live (class_slots[c] x class_kind_bytes[c][k]

@@ -53,6 +53,8 @@ const Entry kEntries[] = {
     BEVY_OFFSET(bevy_cache_params, class_slots),
     BEVY_OFFSET(bevy_cache_params, class_kind_bytes),
     BEVY_OFFSET(bevy_cache_params, layer_class),
+    BEVY_OFFSET(bevy_cache_params, external_slots),
+    BEVY_OFFSET(bevy_cache_params, class_kind_stride),
     BEVY_SIZE(bevy_counters),
     BEVY_SIZE(bevy_flight),
     BEVY_OFFSET(bevy_flight, layer),

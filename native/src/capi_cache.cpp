@@ -1,6 +1,8 @@
 // C API: the expert cache, its scheduling calls, the compute gate and events (include/bevy.h).
 #include "capi_common.hpp"
 
+#include <algorithm>
+
 using bevy::capi::guarded;
 using bevy::capi::last_error;
 
@@ -46,6 +48,11 @@ bevy_cache * bevy_cache_new(const bevy_cache_params * params, bevy_link * link) 
                 cfg.class_kind_bytes[c][k] = params->class_kind_bytes[c][k];
             }
         }
+        for (int32_t c = 0; c < std::max(params->n_classes, 1); ++c) {
+            for (int32_t k = 0; k < BEVY_MAX_KINDS; ++k) {
+                cfg.class_kind_stride[c][k] = params->class_kind_stride[c][k];
+            }
+        }
         cfg.external_slots = params->external_slots != 0;
         if (params->layer_class && params->n_layer > 0) {
             cfg.layer_class.assign(params->layer_class, params->layer_class + params->n_layer);
@@ -83,6 +90,14 @@ int32_t bevy_cache_set_writer(bevy_cache * cache, int32_t il, int32_t kind, bevy
     }
     cache->cache->set_writer(il, kind, {fn, type, ne0, ne1});
     return 0;
+}
+
+int64_t bevy_cache_slot_phase(const bevy_cache * cache, int32_t il, int32_t kind) {
+    if (!cache || il < 0 || il >= cache->cache->config().n_layer || kind < 0 || kind >= cache->cache->config().n_kinds) {
+        last_error() = "bevy_cache_slot_phase: layer or kind out of range";
+        return -1;
+    }
+    return (int64_t) cache->cache->slot_phase(il, kind);
 }
 
 void * bevy_cache_class_data(bevy_cache * cache, int32_t c, int32_t kind) {

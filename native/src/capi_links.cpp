@@ -91,9 +91,14 @@ int64_t bevy_link_describe(const bevy_link * link, char * buf, int64_t size) {
 }
 
 int32_t bevy_link_read(bevy_link * link, uint64_t offset, uint64_t nbytes, void * dst) {
+    return bevy_link_read_padded(link, offset, nbytes, dst, 0, 0);
+}
+
+int32_t bevy_link_read_padded(bevy_link * link, uint64_t offset, uint64_t nbytes, void * dst, uint64_t before,
+                              uint64_t after) {
     return guarded([&]() -> int32_t {
         std::string err;
-        if (!link->link->read(offset, nbytes, dst, err)) {
+        if (!link->link->read_padded(offset, nbytes, dst, before, after, err)) {
             last_error() = err;
             return -1;
         }

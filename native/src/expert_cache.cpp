@@ -8,7 +8,8 @@
 namespace bevy {
 
 namespace {
-constexpr uint64_t kSlotAlign = 4096;
+constexpr uint64_t kSlotAlign   = 4096;
+constexpr uint64_t kTensorAlign = 32; // ggml's TENSOR_ALIGNMENT: where a tensor over the slots may start
 }
 
 ExpertCache::ExpertCache(const CacheConfig & cfg, Link * link, std::string & err)
@@ -31,7 +32,7 @@ ExpertCache::ExpertCache(const CacheConfig & cfg, Link * link, std::string & err
                 memory_.push_back(nullptr);
                 continue;
             }
-            const uint64_t bytes = (uint64_t) c.n * c.kind_bytes[k];
+            const uint64_t bytes = (uint64_t) c.n * c.kind_stride[k];
             void * mem = bytes ? std::aligned_alloc(kSlotAlign, (bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign) : nullptr;
             if (!mem) {
                 err = "cannot allocate " + std::to_string(bytes) + " bytes of expert cache";
@@ -56,8 +57,16 @@ bool ExpertCache::make_classes(std::string & err) {
         sc.first = first;
         sc.n     = cfg_.n_classes > 1 ? cfg_.class_slots[c] : cfg_.n_slots;
         for (int32_t k = 0; k < cfg_.n_kinds; ++k) {
-            sc.kind_bytes[k] = cfg_.n_classes > 1 ? cfg_.class_kind_bytes[c][k] : cfg_.kind_bytes[k];
+            sc.kind_bytes[k]  = cfg_.n_classes > 1 ? cfg_.class_kind_bytes[c][k] : cfg_.kind_bytes[k];
+            sc.kind_stride[k] = cfg_.class_kind_stride[c][k] ? cfg_.class_kind_stride[c][k] : sc.kind_bytes[k];
             sc.bytes += sc.kind_bytes[k];
+            const bool packed = sc.kind_stride[k] == sc.kind_bytes[k];
+            if (sc.kind_stride[k] < sc.kind_bytes[k] || (!packed && (sc.kind_stride[k] % kSlotAlign || cfg_.external_slots))) {
+                err = "slot class " + std::to_string(c) + ": a stride of " + std::to_string(sc.kind_stride[k]) +
+                      " bytes for kind " + std::to_string(k) + " (" + std::to_string(sc.kind_bytes[k]) +
+                      " bytes) must be the kind's bytes, or whole pages above them in slots of libbevy's own";
+                return false;
+            }
         }
         if (sc.n <= 0) {
             err = "slot class " + std::to_string(c) + " has no slots";
@@ -133,6 +142,23 @@ ExpertCache::~ExpertCache() {
     }
 }
 
+uint64_t ExpertCache::slot_phase(int32_t il, int32_t kind) const {
+    // an expert of whole pages at a file offset inside a page takes its slot at that offset's place
+    // in the page, where the stride leaves a page of room for the aligned superset an O_DIRECT
+    // read brings (every expert of the tensor then shares the place); else it starts the slot
+    const int32_t c = layer_class_[il];
+    if (c == BEVY_DENSE_LAYER) {
+        return 0;
+    }
+    const SlotClass & sc = classes_[c];
+    const uint64_t nbytes = sc.kind_bytes[kind];
+    const uint64_t phase  = sources_[(size_t) il * cfg_.n_kinds + kind] % kSlotAlign;
+    if (nbytes % kSlotAlign != 0 || sc.kind_stride[kind] < nbytes + kSlotAlign || phase % kTensorAlign != 0) {
+        return 0;
+    }
+    return phase;
+}
+
 bool ExpertCache::load(const LoadJob & queued, int32_t worker) {
     LoadJob job = queued;
     if (job.slot < 0 && !assign_deferred(job)) {
@@ -153,16 +179,20 @@ bool ExpertCache::load(const LoadJob & queued, int32_t worker) {
             ok = false;
             break;
         }
-        char * dst = static_cast<char *>(slot_data(c, k)) + (uint64_t) (job.slot - sc.first) * nbytes;
-        if (!w.fn) {
-            ok = link_->read(offset, nbytes, dst, err);
+        const uint64_t stride = sc.kind_stride[k];
+        const uint64_t phase  = slot_phase(job.layer, k);
+        char * dst = static_cast<char *>(slot_data(c, k)) + (uint64_t) (job.slot - sc.first) * stride + phase;
+        if (!w.fn) { // the slot's room around the expert takes an O_DIRECT read's aligned superset
+            ok = link_->read_padded(offset, nbytes, dst, phase, stride - phase - nbytes, err);
             continue;
         }
-        void * staging = staging_buffer(worker, nbytes);
-        ok = staging && link_->read(offset, nbytes, staging, err);
+        // a page of room on each side in staging: the expert lands at its offset's place in a page
+        char * staging = static_cast<char *>(staging_buffer(worker, nbytes + 2 * kSlotAlign));
+        const uint64_t at = offset % kSlotAlign;
+        ok = staging && link_->read_padded(offset, nbytes, staging + at, at, 2 * kSlotAlign - at, err);
         if (!staging) {
             err = "no memory for a staging buffer of " + std::to_string(nbytes) + " bytes";
-        } else if (ok && w.fn(w.type, w.ne0, w.ne1, dst, staging, nbytes) != 0) {
+        } else if (ok && w.fn(w.type, w.ne0, w.ne1, dst, staging + at, nbytes) != 0) {
             err = "laying out kind " + std::to_string(k) + " in its slot failed";
             ok = false;
         }

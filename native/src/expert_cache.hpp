@@ -37,6 +37,7 @@ struct CacheConfig {
     int32_t  n_classes       = 0;
     int64_t  class_slots[kMaxClasses] = {};
     uint64_t class_kind_bytes[kMaxClasses][kMaxKinds] = {};
+    uint64_t class_kind_stride[kMaxClasses][kMaxKinds] = {}; // from one slot to the next (0: its kind's bytes)
     std::vector<int32_t> layer_class; // per layer (empty: every layer class 0)
     bool     external_slots  = false; // slot memory given by the caller (set_slot_data), written only by writers
 };
@@ -67,6 +68,8 @@ public:
 
     // expert e of kind k at layer il lies at offset + e * (kind k's bytes in il's class) in the slow tier
     void  set_source(int32_t il, int32_t kind, uint64_t offset) { sources_[(size_t) il * cfg_.n_kinds + kind] = offset; }
+    // where layer il's expert of kind k starts inside its slot (bevy.h: bevy_cache_slot_phase)
+    uint64_t slot_phase(int32_t il, int32_t kind) const;
     // how experts of kind k at layer il reach their slot: read straight in (fn NULL) or through fn
     struct SlotWriter {
         bevy_slot_writer_fn fn = nullptr;
@@ -190,6 +193,7 @@ private:
         int64_t  first = 0;                 // its slots: [first, first + n)
         int64_t  n     = 0;
         uint64_t kind_bytes[kMaxKinds] = {}; // one expert, per kind
+        uint64_t kind_stride[kMaxKinds] = {}; // from one slot to the next, per kind (at least its bytes)
         uint64_t bytes = 0;                  // one expert, all kinds
     };
     std::vector<SlotClass>  classes_;

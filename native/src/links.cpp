@@ -95,6 +95,22 @@ public:
         return true;
     }
 
+    bool read_padded(uint64_t offset, uint64_t nbytes, void * dst, uint64_t before, uint64_t after,
+                     std::string & err) override {
+        const uint64_t head = offset % kDirectAlign;
+        const uint64_t last = (offset + nbytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+        char * const   at   = static_cast<char *>(dst) - head;
+        if (!direct_ || before < head || after < last - offset - nbytes || (uintptr_t) at % kDirectAlign != 0) {
+            return read(offset, nbytes, dst, err);
+        }
+        // the aligned superset straight into dst's surroundings: the expert lands at dst
+        uint64_t got = 0;
+        if (!pread_all(fd_, at, last - (offset - head), offset - head, &got, err)) {
+            return false;
+        }
+        return check_len(got, head + nbytes, err);
+    }
+
     std::string describe() const override { return direct_ ? "file (O_DIRECT)" : "file (buffered: O_DIRECT refused)"; }
 
     uint64_t bounced() const override { return bounced_.load(std::memory_order_relaxed); }
@@ -142,6 +158,11 @@ public:
     ThrottleLink(std::unique_ptr<Link> inner, double rate) : inner_(std::move(inner)), rate_(rate) {}
 
     bool read(uint64_t offset, uint64_t nbytes, void * dst, std::string & err) override {
+        return read_padded(offset, nbytes, dst, 0, 0, err);
+    }
+
+    bool read_padded(uint64_t offset, uint64_t nbytes, void * dst, uint64_t before, uint64_t after,
+                     std::string & err) override {
         using clock = std::chrono::steady_clock;
         clock::time_point done;
         {
@@ -152,7 +173,7 @@ public:
             free_at_ = start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(nbytes / rate_));
             done     = free_at_;
         }
-        const bool ok = inner_->read(offset, nbytes, dst, err);
+        const bool ok = inner_->read_padded(offset, nbytes, dst, before, after, err);
         std::this_thread::sleep_until(done);
         return ok;
     }
@@ -183,6 +204,11 @@ public:
     FaultLink(std::unique_ptr<Link> inner, const FaultPlan & plan) : inner_(std::move(inner)), plan_(plan) {}
 
     bool read(uint64_t offset, uint64_t nbytes, void * dst, std::string & err) override {
+        return read_padded(offset, nbytes, dst, 0, 0, err);
+    }
+
+    bool read_padded(uint64_t offset, uint64_t nbytes, void * dst, uint64_t before, uint64_t after,
+                     std::string & err) override {
         const int64_t n = ++reads_;
         if (every(plan_.stall_every, n)) {
             std::this_thread::sleep_for(std::chrono::duration<double>(plan_.stall_s));
@@ -200,7 +226,7 @@ public:
                   " bytes (injected by the fault link: read " + std::to_string(n) + ")";
             return false;
         }
-        return inner_->read(offset, nbytes, dst, err);
+        return inner_->read_padded(offset, nbytes, dst, before, after, err);
     }
 
     std::string describe() const override {

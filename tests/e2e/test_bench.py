@@ -112,7 +112,8 @@ def test_outputs_written(bench: tuple[dict, Path]) -> None:
     assert all(len(r["runahead"]) == 2 and r["python_per_call_ms"] > 0 for r in bevy), bevy  # per run
     if "Link: file (O_DIRECT)" in md:  # the tiny q8_0 model's experts (4352 bytes) are not whole pages
         assert "experts through a bounce buffer" in md
-        assert all(r["link_bounced"] > 0 for r in doc["runs"] if r["system"] == "bevy")
+        # below 100% (a cache of every expert loads them at start-up, before decode is counted)
+        assert all(r["link_bounced"] > 0 for r in doc["runs"] if r["system"] == "bevy" and r["cache"] < 100)
     assert (out / "throughput.png").read_bytes()[:4] == b"\x89PNG"
     trace = json.loads((out / "timeline.json").read_text())["traceEvents"]
     cats = {e.get("cat") for e in trace}

@@ -106,11 +106,21 @@ def test_the_budget_holds_and_wastes_little(mix: tuple[str, tuple[str, ...]], sh
             assert abs(n / (len(c.layers) * layout.n_expert) - share) <= 0.1
 
 
-@pytest.mark.parametrize("quantize", ["MXFP4_MOE", "Q2_K", "Q6_K", "IQ3_M", "BF16"])
-def test_more_expert_types(tmp_path: Path, quantize: str) -> None:
-    """More of the types the CPU mul_mat_id runs (MXFP4, Q2_K with Q3_K down, Q6_K, IQ3_S, BF16):
-    blocking unsplit against stock batched, bevy at 25% by the margin rule."""
-    model = ensure_model(quant_spec(quantize, experts=16), progress=False)
+# the legacy and IQ4_NL types in one file: one kind each (--tensor-type), the rest Q5_0
+LEGACY_TYPES = ("ffn_gate_exps=q4_1", "ffn_up_exps=q5_1", "ffn_down_exps=iq4_nl")
+
+
+@pytest.mark.parametrize("quantize,tensor_types", [(q, ()) for q in ("MXFP4_MOE", "Q2_K", "Q6_K", "IQ3_M", "BF16",
+                                                                     "IQ2_XXS", "IQ1_M", "F32")]
+                         + [("Q5_0", LEGACY_TYPES)])
+def test_more_expert_types(tmp_path: Path, quantize: str, tensor_types: tuple[str, ...]) -> None:
+    """More of the types the CPU mul_mat_id runs (MXFP4, Q2_K with Q3_K down, Q6_K, IQ3_S, BF16,
+    IQ2_XXS and IQ1_M through a flat importance matrix, F32; Q4_1, Q5_1 and IQ4_NL experts): blocking
+    unsplit against stock batched, bevy at 25% by the margin rule."""
+    model = ensure_model(quant_spec(quantize, tensor_types=tensor_types, experts=16), progress=False)
+    if tensor_types:
+        assert {(t.kind, t.ggml_type) for t in inspect_model(model).expert_tensors} == {
+            ("gate", "Q4_1"), ("up", "Q5_1"), ("down", "IQ4_NL")}
     _, alone = stock_and_unsplit(model)
     bevy = probe(model, "bevy", "25%", 8, tmp_path, prompts=PROMPTS, max_tokens=N_TOKENS, flash_attn="off")
     assert all(r["error"] is None for r in bevy["requests"]) and bevy["counters"]["misses"] > 0

@@ -30,3 +30,28 @@ def test_default_shape_model_meets_design_targets() -> None:
     # not degenerate either: routing is neither fixed nor uniform
     assert doc["summary"]["lru_hit_all"] < 0.8
     assert all(layer["top20_share"] < 0.9 for layer in doc["layers"])
+
+
+def test_trace_replays_each_slot_class_through_its_own_slots() -> None:
+    """A llama-quantize mix (Q4_K_M: ffn_down Q6_K in some layers, two slot classes): the replay
+    table uses the live cache's slots per class, prices each miss at its class's expert bytes,
+    and Belady's misses bound every policy's."""
+    from conftest import quant_spec
+
+    from bevy_gguf.config import parse_cache_size
+    from bevy_gguf.engine.cache_layout import CacheLayout
+    from bevy_gguf.gguf_info import inspect_model
+
+    model = ensure_model(quant_spec("Q4_K_M", experts=16), progress=False)
+    layout = CacheLayout.of(inspect_model(model))
+    assert len(layout.classes) == 2
+    doc = run_json("trace", model, "--workload", "text", "--requests", "4", "--steps", "16", "--expert-cache", "50%")
+    rows = {r["policy"]: r for r in doc["replay"]}
+    assert set(rows) == {"lru", "next-use", "belady"}
+    slots = sum(layout.class_slots(parse_cache_size("50%", layout.slot_memory)))  # the live cache's
+    assert all(r["slots"] == slots for r in rows.values())
+    assert rows["belady"]["hit_rate"] >= max(rows["lru"]["hit_rate"], rows["next-use"]["hit_rate"])
+    small, large = sorted(c.bytes for c in layout.classes)
+    tokens = 4 * 16
+    for r in rows.values():  # each miss costs its own class's expert bytes
+        assert r["misses"] > 0 and small <= r["bytes_per_token"] * tokens / r["misses"] <= large

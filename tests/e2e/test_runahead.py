@@ -35,6 +35,9 @@ def test_prefetch_equals_blocking(tmp_path: Path, runahead_model: Path, cache: s
     prefetch = probe(runahead_model, "prefetch", cache, 8, tmp_path, prompts=PROMPTS, max_tokens=12)
     assert [r["tokens"] for r in prefetch["requests"]] == [r["tokens"] for r in blocking["requests"]]
     c = prefetch["counters"]
+    if cache == "100%":  # every expert loaded at start-up (ExpertCache.fill): nothing misses, nothing to predict
+        assert c["misses"] == 0 and c["prefetch_loads"] == 0 and c["loads"] == blocking["counters"]["loads"] > 0
+        return
     assert c["prefetch_loads"] > 0 and c["prefetch_hits"] > 0
     assert c["prefetch_hits"] + c["prefetch_missed"] > 0
 

@@ -123,7 +123,7 @@ def test_slot_classes_evict_only_within_a_class() -> None:
     layout = CacheLayout.of(info)
     assert layout.layer_class == (0, 0, 1, 1)
     with ExpertCache(info, layout.min_bytes(), LinkSpec.parse("ram")) as cache:
-        assert cache.class_slots == (2, 2) and cache.wasted_bytes == 0
+        assert cache.class_slots == (2, 2) and cache.budget_bytes == layout.min_bytes()  # nothing left over
         assert settle(cache, [(0, [0, 1], True, False)], [0]) == [0]
         assert settle(cache, [(2, [0, 1], True, False)], [0]) == [0]  # the other class: nothing evicted
         assert cache.counters()["evictions"] == 0

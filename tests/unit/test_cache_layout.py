@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bevy_gguf.engine.cache_layout import DENSE, CacheLayout, SlotClass
+from bevy_gguf.engine.cache_layout import DENSE, PAGE, ROOM_PAGES, CacheLayout, SlotClass
 from bevy_gguf.errors import BevyError
 
 
@@ -107,3 +107,39 @@ def test_a_lane_keeps_its_reservations_only_while_they_leave_its_calls_whole() -
     assert layout.lane_share(256, 2, 8) == (True, 64)    # two lanes: each half of its own share
     assert layout.lane_share(128, 2, 8) == (False, 64)   # ... or its whole share, the lanes' never overlap
     assert layout.lane_share(8, 1, 8) == (False, 8)      # the minimum: one token's experts per call
+
+
+def pages_info(pages: int, start: int, n_expert: int = 4) -> SimpleNamespace:
+    """Two layers of gate/up/down experts of `pages` pages each, the file's tensors from `start` on."""
+    tensors, offset = [], start
+    for il in range(2):
+        for kind in ("gate", "up", "down"):
+            tensors.append(SimpleNamespace(name=f"blk.{il}.ffn_{kind}_exps.weight", kind=kind, layer=il,
+                                           n_expert=n_expert, nbytes=pages * PAGE * n_expert, offset=offset))
+            offset += pages * PAGE * n_expert
+    return SimpleNamespace(expert_tensors=tensors, n_layer=2, n_expert=n_expert, n_expert_used=2, recurrent=False)
+
+
+def test_slots_take_a_page_of_room_where_whole_page_experts_do_not_start_pages() -> None:
+    """Real files align tensors to 32 bytes: an expert of whole pages there gets a slot a page
+    larger (an O_DIRECT read of its page-aligned superset lands in it); page-aligned files, small
+    experts (the room would cost more than 1/ROOM_PAGES), offsets a tensor may not start at, and
+    experts an upload worker lays out (straight False) keep packed slots."""
+    big = ROOM_PAGES * PAGE
+    (c,) = CacheLayout.of(pages_info(ROOM_PAGES, 4096 + 96)).classes
+    assert c.kind_stride == (big + PAGE,) * 3 and c.bytes == 3 * big and c.alloc_bytes == 3 * (big + PAGE)
+    for layout in (CacheLayout.of(pages_info(ROOM_PAGES, 8192)), CacheLayout.of(pages_info(ROOM_PAGES - 1, 96)),
+                   CacheLayout.of(pages_info(ROOM_PAGES, 4096 + 8)),
+                   CacheLayout.of(pages_info(ROOM_PAGES, 96), straight=lambda il, k: False)):
+        assert layout.classes[0].kind_stride == () and layout.classes[0].alloc_bytes == layout.classes[0].bytes
+    mixed = CacheLayout.of(pages_info(ROOM_PAGES, 96), straight=lambda il, k: k != 2)  # down repacked
+    assert mixed.classes[0].kind_stride == (big + PAGE, big + PAGE, big)
+
+
+def test_room_is_paid_from_the_budget_and_percentages_hold_every_expert() -> None:
+    layout = CacheLayout.of(pages_info(ROOM_PAGES, 96))
+    c = layout.classes[0]
+    assert layout.slot_memory == 8 * c.alloc_bytes > layout.expert_bytes
+    assert layout.class_slots(layout.slot_memory) == (8,)  # 100% of the slot memory: every expert
+    assert layout.class_slots(layout.expert_bytes) == (7,)  # the experts' bytes alone hold one fewer
+    assert layout.min_bytes() == layout.min_slots(1) * c.alloc_bytes
