@@ -68,10 +68,8 @@ def one_round(model: Path, way: str, reads: list[tuple[int, int]], threads: int)
     return sum(n for _, n in reads) / seconds / 1e9, 1e6 * cpu / len(reads), link.bounced()
 
 
-def measure(model: Path, rounds: int, threads: int) -> dict[str, list[tuple[float, float, int]]]:
-    reads = expert_reads(model)
-    if not reads:
-        raise BevyError(f"{model} has no routed experts")
+def measure(model: Path, reads: list[tuple[int, int]], rounds: int,
+            threads: int) -> dict[str, list[tuple[float, float, int]]]:
     out: dict[str, list[tuple[float, float, int]]] = {w: [] for w in WAYS}
     for _ in range(rounds):
         for way in WAYS:
@@ -86,12 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=4, help="readers (the cache's default link workers: 4)")
     args = ap.parse_args(argv)
     try:
-        results = measure(args.model, max(1, args.rounds), max(1, args.threads))
+        reads = expert_reads(args.model)
+        if not reads:
+            raise BevyError(f"{args.model} has no routed experts")
+        results = measure(args.model, reads, max(1, args.rounds), max(1, args.threads))
     except BevyError as e:
         print(f"bevy-gguf: {e}", file=sys.stderr)
         return 1
-    unaligned = sum(o % PAGE != 0 for o, _ in expert_reads(args.model))
-    print(f"{args.model.name}: {len(expert_reads(args.model))} expert reads ({unaligned} not starting a page), "
+    unaligned = sum(o % PAGE != 0 for o, _ in reads)
+    print(f"{args.model.name}: {len(reads)} expert reads ({unaligned} not starting a page), "
           f"{args.threads} readers, {args.rounds} interleaved rounds; link: {Link.file(args.model).describe()}")
     for way, rows in results.items():
         rates = [r[0] for r in rows]

@@ -88,12 +88,11 @@ class LLMEngine:
         self.fill_s = 0.0  # start-up seconds loading every expert (a cache that holds them all)
         try:
             if not self.stock:
-                repack, device = self.lib if config.repack else None, self.device[0] if self.device else None
-                layout, _ = ExpertCache.plan_layout(self.info, repack, device)  # percentages: of its slot memory
-                self.cache = ExpertCache(self.info, config.cache_bytes(layout.slot_memory), config.link_spec,
+                self.cache = ExpertCache(self.info, config.expert_cache, config.link_spec,
                                          policy=config.eviction, n_workers=config.link_workers,
                                          wait_timeout_s=config.wait_timeout_s, seed=config.seed,
-                                         repack=repack, device=device, lib=self.lib)
+                                         repack=self.lib if config.repack else None,
+                                         device=self.device[0] if self.device else None, lib=self.lib)
                 self.fill_s = self.cache.fill()  # a cache that holds every expert loads them now
         except BaseException:
             self.model.close()

@@ -17,7 +17,7 @@ import gguf
 from bevy_gguf._native import libbevy, llama_ext
 from bevy_gguf._native.bevy_handles import Flights, Hook, Link, NativeCache
 from bevy_gguf._native.llama_handles import Context
-from bevy_gguf.config import LinkSpec
+from bevy_gguf.config import LinkSpec, parse_cache_size
 from bevy_gguf.engine.cache_layout import CacheLayout
 from bevy_gguf.engine.device_slots import DeviceSlots
 from bevy_gguf.errors import BevyError
@@ -41,17 +41,20 @@ FILL_QUIET_S = 5.0  # a start-up fill gives up once no load has ended for this l
 class ExpertCache:
     """A native expert cache over a link; hands a hook to every context that uses it."""
 
-    def __init__(self, info: ModelInfo, budget_bytes: int, link: LinkSpec, policy: str = "next-use",
+    def __init__(self, info: ModelInfo, budget: int | str, link: LinkSpec, policy: str = "next-use",
                  n_workers: int = 4, wait_timeout_s: float = 300.0, seed: int = 0,
                  repack: ModuleType | None = None, device: str | None = None,
                  lib: ModuleType | None = None) -> None:
-        """repack: the patched llama_cpp whose CPU kernels read the slots; experts of types it repacks
-        (Q4_0, Q4_K, IQ4_NL, MXFP4 with AVX2) are laid out as stock lays out repacked weights, so the
-        cache runs stock's kernels (llama.cpp's default; None: the file's bytes, as --no-repack).
+        """budget: bytes, or an --expert-cache text (`25%` of the slot memory that holds every
+        expert, CacheLayout.slot_memory; `512MiB`). repack: the patched llama_cpp whose CPU kernels
+        read the slots; experts of types it repacks (Q4_0, Q4_K, IQ4_NL, MXFP4 with AVX2) are laid
+        out as stock lays out repacked weights, so the cache runs stock's kernels (llama.cpp's
+        default; None: the file's bytes, as --no-repack).
         device: the slots live in that ggml device's memory (device_slots.py; lib: the patched
         llama_cpp that allocates them), in the file's layout; None: host memory."""
         layout, repacked = self.plan_layout(info, repack, device)
         self.layout = layout
+        budget_bytes = parse_cache_size(budget, layout.slot_memory) if isinstance(budget, str) else budget
         if len(layout.kinds) > libbevy.MAX_KINDS:
             raise BevyError(f"{len(layout.kinds)} expert tensor kinds: at most {libbevy.MAX_KINDS} are supported")
         if policy not in libbevy.POLICIES:

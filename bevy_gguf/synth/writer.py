@@ -170,9 +170,9 @@ def quantize(src: Path, dst: Path, spec: ModelSpec, n_threads: int) -> None:
     cmd = [str(tool_path("llama-quantize"))]
     if spec.dtype != "f16":
         cmd.append("--allow-requantize")  # a Q8_0 base is already quantized
+    imatrix = dst.with_name(dst.name + ".imatrix")
     if spec.quantize in IMATRIX_TYPES or any(tt.split("=")[-1].lower() in IMATRIX_TENSOR_TYPES
                                              for tt in spec.tensor_types):
-        imatrix = dst.with_name(dst.name + ".imatrix")
         flat_imatrix(src, imatrix)
         cmd += ["--imatrix", str(imatrix)]
     for tt in spec.tensor_types:
@@ -184,7 +184,7 @@ def quantize(src: Path, dst: Path, spec: ModelSpec, n_threads: int) -> None:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
     finally:
-        dst.with_name(dst.name + ".imatrix").unlink(missing_ok=True)
+        imatrix.unlink(missing_ok=True)
     if proc.returncode != 0:
         lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
         # its first complaint names the cause (an invalid type, a missing file); usage text follows

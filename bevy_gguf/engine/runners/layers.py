@@ -31,6 +31,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from bevy_gguf._native import llama_ext
 from bevy_gguf._native.llama_handles import Context, ContextParams, Model
 from bevy_gguf.config import DEFAULT_RUNAHEAD
@@ -438,20 +440,34 @@ class _Lane:
         self.resident_calls += 1
         n_layer = self.model.n_layer
         rows = [(f.tokens[0], f.pos0, f.seq, True) for f in flights]
-        start_t = time.perf_counter()
-        self.cache.begin(ctx, min(f.progress for f in flights), 0)
-        try:
-            ctx.decode_layers(rows, None, 0, n_layer, False, False)
-        except BevyError as e:
-            for f in flights:  # the failed call took their cells with it
-                requests[f.index].fail(str(e))
+        done = self._decode(ctx, requests, flights, rows, None, (0, n_layer, False, False), 0)
+        if done is None:
             return
-        finally:
-            self.cache.end(ctx)
-            self._call_s = time.perf_counter() - start_t
-        self.runahead.record(len(rows) * n_layer, start_t)
+        self.runahead.record(len(rows) * n_layer, done[0])
         for row, f in enumerate(flights):
             self._finish_block(ctx, requests, f, row, t0, stats)
+
+    def _decode(self, ctx: Context, requests: dict[int, Request], members: list[Flight],
+                rows: list[tuple[int, int, int, bool]], hidden: list[np.ndarray] | None,
+                layers: tuple[int, int, bool, bool], count_from: int) -> tuple[float, float, int, float] | None:
+        """One llama_decode_layers call of members (layers: il_begin, il_end, lookahead, reuse) inside
+        its turn at the compute gate; sets _call_s. Returns (its start, when the gate let it in,
+        experts it pinned, seconds it waited), or None: it failed, and so did its members."""
+        if not self.keep_reservations:  # the call pins what it uses; held ones could only deadlock it
+            self.cache.unreserve_all(self.owner)
+        start_t = time.perf_counter()
+        self.cache.begin(ctx, min(f.progress for f in members), count_from)
+        call_t = time.perf_counter()  # after the gate let it in
+        try:
+            ctx.decode_layers(rows, hidden, *layers)
+        except BevyError as e:
+            for f in members:  # the failed call took their cells with it
+                requests[f.index].fail(str(e))
+            return None
+        finally:
+            used_experts, waited_s = self.cache.end(ctx)
+            self._call_s = time.perf_counter() - start_t
+        return start_t, call_t, used_experts, waited_s
 
     def _tick(self, flights: list[Flight]) -> None:
         """Move the step clock to the most lagging decode token (it never goes back)."""
@@ -600,20 +616,10 @@ class _Lane:
                 rows.append((tok, f.pos0 + j, f.seq, not final or j == len(f.tokens) - 1))
             spans.append((f, start, len(rows)))
         hidden = None if group.layer == FIRST else [f.h for f in members]
-        if not self.keep_reservations:  # the call pins what it uses; held ones could only deadlock it
-            self.cache.unreserve_all(self.owner)
-        start_t = time.perf_counter()
-        self.cache.begin(ctx, min(f.progress for f in members), count_from)
-        call_t = time.perf_counter()  # after the gate let it in
-        try:
-            ctx.decode_layers(rows, hidden, il_begin, il_end, lookahead, reuse)
-        except BevyError as e:
-            for f in members:  # the failed call took their cells with it
-                requests[f.index].fail(str(e))
+        done = self._decode(ctx, requests, members, rows, hidden, (il_begin, il_end, lookahead, reuse), count_from)
+        if done is None:
             return
-        finally:
-            used_experts, waited_s = self.cache.end(ctx)
-            self._call_s = time.perf_counter() - start_t
+        start_t, call_t, used_experts, waited_s = done
         elapsed = self._call_s
         decode_rows = sum(len(f.tokens) for f in members if not f.prefill)
         if decode_rows:  # the rate is of decode: a prompt chunk's token-layers are far cheaper
