@@ -133,7 +133,7 @@ fi
 "$PY" -m bevy_gguf.cli devices >>"$OUTDIR/setup.log" 2>&1
 step tests 150 "$OUTDIR/bench.log" "$PY" -m pytest -q -p no:cacheprovider tests/e2e/test_cuda.py -rs
 step bench 420 "$OUTDIR/bench.log" "$PY" -m bevy_gguf.cli bench "$MODEL" \
-    --systems stock-resident,stock-offload,blocking,bevy-ctx,bevy --sweep cache=25%,50% --parallel 8 \
+    --workload text --systems stock-resident,stock-offload,blocking,bevy-ctx,bevy --sweep cache=25%,50% --parallel 8 \
     -ngl 99 --device "$DEVICE" --link ram "${BENCH_ARGS[@]}" --out "$OUTDIR" || exit 1
 rm -f "$OUTDIR/timeline.json"  # at most 8 files come back from a device call
 echo "report: $OUTDIR/report.md" | tee -a "$STEPS"

@@ -58,12 +58,13 @@ class Model:
     """A loaded llama_model and its vocabulary."""
 
     def __init__(self, llama_cpp: ModuleType, path: Path, repack: bool = True, gpu_layers: int = 0,
-                 cpu_moe_layers: int = 0) -> None:
+                 cpu_moe_layers: int = 0, vocab_only: bool = False) -> None:
         """gpu_layers: llama.cpp's -ngl; cpu_moe_layers: its --n-cpu-moe (the routed experts of the
-        first N layers stay in host memory)."""
+        first N layers stay in host memory); vocab_only: the vocabulary alone (no weights)."""
         self.lib = llama_cpp
         self.path = path
         params = llama_cpp.llama_model_default_params()
+        params.vocab_only = vocab_only
         params.n_gpu_layers = gpu_layers  # llama.cpp's -ngl
         if cpu_moe_layers:
             self._overrides = cpu_moe_overrides(llama_cpp, cpu_moe_layers)  # alive while the model loads

@@ -25,8 +25,9 @@ from typing import Any
 from tqdm import tqdm
 
 from bevy_gguf.bench.memcap import MemoryCap, evict_page_cache
+from bevy_gguf.bench.served import SERVER_SYSTEMS
 from bevy_gguf.bench.variants import base_of, parse_system
-from bevy_gguf.bench.worker import BEVY_SYSTEMS, STOCK_SYSTEMS, SYSTEMS
+from bevy_gguf.bench.worker import BEVY_SYSTEMS, SYSTEMS
 from bevy_gguf.config import DEFAULT_RUNAHEAD, EVERY_LAYER, LinkSpec, parse_cache_size, physical_cores
 from bevy_gguf.engine.cache_layout import CacheLayout
 from bevy_gguf.engine.stats import hit_rate
@@ -36,6 +37,11 @@ from bevy_gguf.workload.serving import DECODE_TOKENS, PROMPT_TOKENS, serve_range
 
 WORKER_TIMEOUT_S = 900
 TRACE_EVENTS = 2_000_000
+ALL_SYSTEMS = SYSTEMS + SERVER_SYSTEMS  # in-process runs, then servers driven over HTTP (bench/served.py)
+# runs that do not depend on the cache point (once per repeat), and those of stock's offload (a
+# memory cap per cache point, the same at every link point)
+ONCE = ("stock-resident", "llama-server")
+OFFLOAD = {"stock-offload": "stock-resident", "llama-server-offload": "llama-server"}  # -> its cap's basis
 
 
 @dataclass(slots=True)
@@ -65,7 +71,9 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         for system in self.systems:
-            parse_system(system, SYSTEMS, BEVY_SYSTEMS)
+            parse_system(system, ALL_SYSTEMS, BEVY_SYSTEMS)
+            if system in SERVER_SYSTEMS and self.workload != "serve":
+                raise BevyError(f"{system} is a server driven with the serving stream: use it with --workload serve")
         if self.workload not in ("text", "generate", "serve"):
             raise BevyError(f"--workload {self.workload}: choose text, generate or serve")
         if self.workload == "serve" and self.requests < self.parallel + max(self.warmup, 1) + 1:
@@ -87,7 +95,7 @@ class BenchConfig:
 
 def _spec(cfg: BenchConfig, system: str, cache: str, link: str, trace_events: int = 0) -> dict[str, Any]:
     """The worker's spec of a system (or a variant: its base system with its options) at a point."""
-    variant = parse_system(system, SYSTEMS, BEVY_SYSTEMS)
+    variant = parse_system(system, ALL_SYSTEMS, BEVY_SYSTEMS)
     return {"model": str(cfg.model), "system": variant.base, "cache": cache, "link": link, "parallel": cfg.parallel,
             "requests": cfg.requests, "threads": cfg.threads, "prompt_tokens": cfg.prompt_tokens, "steps": cfg.steps,
             "workload": cfg.workload, "seed": cfg.seed, "eviction": cfg.eviction, "trace_events": trace_events,
@@ -99,10 +107,15 @@ def _spec(cfg: BenchConfig, system: str, cache: str, link: str, trace_events: in
 
 
 def run_worker(spec: dict[str, Any], cap: MemoryCap | None = None) -> dict[str, Any]:
-    """One run in a fresh process (inside cap's cgroup if given); its JSON, or an error row."""
+    """One run in a fresh process (inside cap's cgroup if given: for a server system, the server
+    process alone joins it, not the client driving it); its JSON, or an error row."""
+    served = spec["system"] in SERVER_SYSTEMS
+    if served and cap is not None:
+        spec, cap = spec | {"cgroup": str(cap.path)}, None
     preexec = (lambda: cap.join(os.getpid())) if cap is not None else None
+    module = "bevy_gguf.bench.served" if served else "bevy_gguf.bench.worker"
     try:
-        proc = subprocess.run([sys.executable, "-m", "bevy_gguf.bench.worker", json.dumps(spec)],
+        proc = subprocess.run([sys.executable, "-m", module, json.dumps(spec)],
                               capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, preexec_fn=preexec)
     except subprocess.TimeoutExpired:
         return {"system": spec["system"], "error": f"timed out after {WORKER_TIMEOUT_S} s"}
@@ -271,30 +284,32 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     layout = CacheLayout.of(info)
     points = cfg.points(info.expert_bytes)
     caches = list(dict.fromkeys((c, pct) for c, pct, _ in points))
-    others = [s for s in cfg.systems if s not in STOCK_SYSTEMS]
-    offload = "stock-offload" in cfg.systems
-    plan = cfg.repeats * (("stock-resident" in cfg.systems or offload) + offload * (1 + len(caches))
-                          + len(points) * len(others))
+    others = [s for s in cfg.systems if s not in ONCE and s not in OFFLOAD]
+    offloads = [s for s in OFFLOAD if s in cfg.systems]
+    once = [s for s in ONCE if s in cfg.systems or any(OFFLOAD[o] == s for o in offloads)]
+    plan = cfg.repeats * (len(once) + len(offloads) * (1 + len(caches)) + len(points) * len(others))
     bar = tqdm(total=plan, desc="bench", unit="run", disable=not progress)
-    resident: list[dict[str, Any]] = []
-    unpacked: list[dict[str, Any]] = []  # stock-resident without repacking: the offload cap's basis
+    resident: dict[str, list[dict[str, Any]]] = {s: [] for s in once}
+    unpacked: dict[str, list[dict[str, Any]]] = {s: [] for s in offloads}  # each offload cap's basis
     runs: dict[tuple[str, float, str | None], list[dict[str, Any]]] = {}
     timelines: dict[str, dict[str, Any]] = {}
-    cap_notes: dict[float, str] = {}
+    cap_notes: dict[tuple[str, float], str] = {}
     for repeat in range(cfg.repeats):
-        if "stock-resident" in cfg.systems or offload:
-            bar.set_postfix_str(f"stock-resident, repeat {repeat + 1}")
-            resident.append(run_worker(_spec(cfg, "stock-resident", "100%", cfg.link)))
+        for system in once:
+            bar.set_postfix_str(f"{system}, repeat {repeat + 1}")
+            resident[system].append(run_worker(_spec(cfg, system, "100%", cfg.link)))
             bar.update()
-        if offload and not cfg.gpu_layers:  # the cap's basis: stock as stock-offload runs it, every weight mapped
-            bar.set_postfix_str(f"stock-resident --no-repack (the offload cap), repeat {repeat + 1}")
-            unpacked.append(run_worker(_spec(cfg, "stock-resident", "100%", cfg.link) | {"repack": False}))
-            bar.update()
+        for system in offloads:
+            if not cfg.gpu_layers:  # the cap's basis: stock as the offload runs it, every weight mapped
+                basis = OFFLOAD[system]
+                bar.set_postfix_str(f"{basis} --no-repack (the offload cap), repeat {repeat + 1}")
+                unpacked[system].append(run_worker(_spec(cfg, basis, "100%", cfg.link) | {"repack": False}))
+                bar.update()
         for cache, pct in caches:
-            if offload:  # stock reads the file through mmap: the same at every link point
-                bar.set_postfix_str(f"stock-offload at {cache}, repeat {repeat + 1}")
-                runs.setdefault(("stock-offload", pct, None), []).append(
-                    _run_offload(cfg, info, pct, unpacked, cap_notes))
+            for system in offloads:  # stock reads the file through mmap: the same at every link point
+                bar.set_postfix_str(f"{system} at {cache}, repeat {repeat + 1}")
+                runs.setdefault((system, pct, None), []).append(
+                    _run_offload(cfg, info, system, pct, unpacked[system], cap_notes))
                 bar.update()
             for link in (p[2] for p in points if p[0] == cache):
                 for system in rotated(others, repeat):
@@ -309,14 +324,12 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
                     bar.update()
     bar.close()
 
-    rows = []
-    if "stock-resident" in cfg.systems:
-        rows.append(summarize_row("stock-resident", 100.0, resident))
+    rows = [summarize_row(system, 100.0, resident[system]) for system in once if system in cfg.systems]
     for cache, pct in caches:
-        if offload:
-            row = summarize_row("stock-offload", pct, runs[("stock-offload", pct, None)])
-            if pct in cap_notes:
-                row["memory_cap"] = cap_notes[pct]
+        for system in offloads:
+            row = summarize_row(system, pct, runs[(system, pct, None)])
+            if (system, pct) in cap_notes:
+                row["memory_cap"] = cap_notes[(system, pct)]
             rows.append(row)
         for link in (p[2] for p in points if p[0] == cache):
             rows += [summarize_row(system, pct, runs[(system, pct, link)], link) for system in others]
@@ -325,7 +338,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     serve = cfg.workload == "serve"
     order = reference_order(cfg)
     decode_tokens = order["decode_tokens"] if serve else cfg.requests * cfg.steps  # a stream's: its window's
-    bound = [_point_bound(cfg, info, layout, order, cache, link, rows, resident, decode_tokens)
+    bound = [_point_bound(cfg, info, layout, order, cache, link, rows, resident.get("stock-resident", []),
+                          decode_tokens)
              for cache, _, link in points]
     for row in rows:
         b = next((b for b in bound if b["cache"] == row["cache"] and b["link_point"] == row["link_point"]), None)
@@ -365,10 +379,11 @@ def _point_bound(cfg: BenchConfig, info: Any, layout: CacheLayout, order: dict[s
                   "online_tok_per_s": _bound_tok_per_s(decode_tokens, compute_s, online_link_s)}
 
 
-def _run_offload(cfg: BenchConfig, info: Any, pct: float, unpacked: list[dict[str, Any]],
-                 notes: dict[float, str]) -> dict[str, Any]:
-    """stock-offload: stock llama.cpp (mmap, --no-repack) in a memory cgroup capped at the peak
-    RSS of stock with every weight in memory (also --no-repack) - expert bytes + the cache share
+def _run_offload(cfg: BenchConfig, info: Any, system: str, pct: float, unpacked: list[dict[str, Any]],
+                 notes: dict[tuple[str, float], str]) -> dict[str, Any]:
+    """stock-offload (or llama-server-offload, the same for stock's server): stock llama.cpp (mmap,
+    --no-repack) in a memory cgroup capped at the peak RSS of stock with every weight in memory
+    (also --no-repack: `unpacked`, the runs of its basis system) - expert bytes + the cache share
     of the expert bytes. Without repacking, because repacking copies the repackable weights
     (Q4_0, Q4_K, ... on AVX2) out of the mapping into memory of stock's own at load: the model
     is then resident whatever the cap (measured: Q4_0 at a 25% cap ran at 65% of resident speed,
@@ -376,19 +391,19 @@ def _run_offload(cfg: BenchConfig, info: Any, pct: float, unpacked: list[dict[st
     With layers on a GPU (-ngl above 0), what users run instead: -ngl N -ot exps=CPU (--cpu-moe),
     the routed experts in host memory, computed on the CPU, no cap."""
     if cfg.gpu_layers:
-        notes[pct] = f"-ngl {cfg.gpu_layers} -ot exps=CPU (--cpu-moe)"
-        return run_worker(_spec(cfg, "stock-offload", f"{pct}%", cfg.link) | {"n_cpu_moe": EVERY_LAYER})
+        notes[(system, pct)] = f"-ngl {cfg.gpu_layers} -ot exps=CPU (--cpu-moe)"
+        return run_worker(_spec(cfg, system, f"{pct}%", cfg.link) | {"n_cpu_moe": EVERY_LAYER})
     peaks = [r["peak_rss_bytes"] for r in unpacked if "error" not in r]
     if not peaks:
-        return {"system": "stock-offload", "error": "unavailable: stock --no-repack did not run, so no cap"}
+        return {"system": system, "error": f"unavailable: {OFFLOAD[system]} --no-repack did not run, so no cap"}
     limit = int(max(peaks) - info.expert_bytes + info.expert_bytes * pct / 100)
     cap = MemoryCap(limit)
     if not cap.available:
-        return {"system": "stock-offload", "error": f"unavailable: {cap.reason}"}
-    notes[pct] = f"cgroup v{cap.version} memory cap {limit / 2**20:.1f} MiB, --no-repack"
+        return {"system": system, "error": f"unavailable: {cap.reason}"}
+    notes[(system, pct)] = f"cgroup v{cap.version} memory cap {limit / 2**20:.1f} MiB, --no-repack"
     try:
         evict_page_cache(cfg.model)
-        return run_worker(_spec(cfg, "stock-offload", f"{pct}%", cfg.link) | {"repack": False}, cap=cap)
+        return run_worker(_spec(cfg, system, f"{pct}%", cfg.link) | {"repack": False}, cap=cap)
     finally:
         cap.close()
 

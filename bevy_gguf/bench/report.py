@@ -215,8 +215,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
         pts = sorted((r["cache"], r["tok_per_s"]) for r in report["runs"] if r["system"] == system and r["tok_per_s"])
         if not pts:
             continue
-        if system == "stock-resident":
-            ax.axhline(pts[0][1], linestyle=":", color="gray", label="stock-resident (all in RAM)")
+        if system in ("stock-resident", "llama-server"):  # every weight in memory: one run, a line
+            ax.axhline(pts[0][1], linestyle=":", color="gray" if system == "stock-resident" else "black",
+                       label=f"{system} (all in RAM)")
         else:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
     bound = sorted((b["cache"], b["tok_per_s"]) for b in report["bound"] if b["tok_per_s"])

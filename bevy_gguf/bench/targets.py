@@ -22,6 +22,9 @@ RATIO_TARGETS = {  # (ratio, cache %) -> target, over the never-slower floor
     ("bevy / stock-offload", 90.0): 5.0,
     ("bevy / stock-resident", 100.0): 0.95,
 }
+# the server rows (bench/served.py), measured end to end by one client: bevy-gguf serve against
+# stock llama-server as users run it
+SERVER_TARGETS = {("bevy-server / llama-server-offload", 25.0): 3.5, ("bevy-server / llama-server", 100.0): 0.95}
 BOUND_TARGET = 0.85  # bevy / bound at every cache point
 # where blocking's link busy is within this range of its compute busy (the balanced region, where
 # overlap can give up to 2x), runahead must pay: these targets there
@@ -128,7 +131,33 @@ def measured_ratios(report: dict[str, Any]) -> list[Ratio]:
                 runs = bevy.get("repeats", [])
                 low, high = _paired(runs, [limit] * len(runs), repeats)
                 out.append(Ratio(name, cache, bevy["tok_per_s"] / limit, low, high, target_of(name, cache), link))
-    return out + _variant_ratios(rows, repeats)
+    return out + _server_ratios(rows, repeats) + _variant_ratios(rows, repeats)
+
+
+def _server_ratios(rows: dict[tuple[str, float, str | None], dict[str, Any]], repeats: int) -> list[Ratio]:
+    """bevy-gguf serve against stock llama-server at each point: against llama-server-offload at
+    every cache point (where its link is not emulated; never slower, 3.5x at 25%), against
+    llama-server (every weight in memory) at 100% (0.95x); and against in-process bevy at the same
+    point, the cost of serving over HTTP (no target)."""
+    out = []
+    for (system, cache, link), row in sorted(rows.items(), key=lambda kv: kv[0][1]):
+        if system != "bevy-server":
+            continue
+        others = [("bevy", cache, link)]
+        if not (link or "").startswith("throttle"):
+            others.append(("llama-server-offload", cache, None))
+        if round(cache) == 100:
+            others.append(("llama-server", 100.0, None))
+        for key in others:
+            if key not in rows:
+                continue
+            name = f"bevy-server / {key[0]}"
+            target = SERVER_TARGETS.get((name, float(round(cache))))
+            if target is None and key[0] == "llama-server-offload":
+                target = 1.0
+            low, high = _paired(row.get("repeats", []), rows[key].get("repeats", []), repeats)
+            out.append(Ratio(name, cache, row["tok_per_s"] / rows[key]["tok_per_s"], low, high, target, link))
+    return out
 
 
 def _cost_ratios(bevy: dict[str, Any], blocking: dict[str, Any] | None, cache: float, link: str | None) -> list[Ratio]:

@@ -25,6 +25,12 @@ from bevy_gguf.synth.presets import PRESETS, preset_spec
 from bevy_gguf.synth.spec import ARCHS, DTYPES, QUANTIZE_TYPES, ModelSpec
 from bevy_gguf.workload.serving import DECODE_TOKENS, PROMPT_TOKENS, SERVE_REQUESTS_PER_SEQ
 
+IN_PROCESS = "stock-resident,stock-offload,blocking,prefetch,bevy-ctx,bevy"
+# bench's systems by workload: the serving stream adds stock llama-server and bevy-gguf serve,
+# driven over HTTP (stock-resident stays: the bound's compute term is its window rate)
+BENCH_SYSTEMS = {"serve": "llama-server,llama-server-offload,stock-resident,blocking,prefetch,bevy-ctx,bevy,"
+                          "bevy-server", "text": IN_PROCESS, "generate": IN_PROCESS}
+
 DEFAULT = ModelSpec()
 
 
@@ -195,7 +201,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       steps=args.steps or (DECODE_TOKENS[1] if serve else 64), warmup=args.warmup,
                       threads=args.threads, link=args.link,
                       eviction=args.eviction, repeats=args.repeats,
-                      systems=[s for s in args.systems.split(",") if s], caches=sweeps["cache"],
+                      systems=[s for s in (args.systems or BENCH_SYSTEMS[args.workload]).split(",") if s],
+                      caches=sweeps["cache"],
                       links=sweeps["link"], workload=args.workload, timeline=bool(args.out),
                       split_factor=args.split_factor, lanes=args.lanes, two_pass=args.two_pass,
                       runahead=args.runahead, device=args.device, gpu_layers=args.gpu_layers)
@@ -387,9 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--sweep", metavar="KEY=A,B,...", action="append",
                     help="cache points (cache=25%%,50%%,90%%) or link points (link=throttle:0.5GB/s:ram,"
                          "throttle:2GB/s:ram); give both for every pair")
-    be.add_argument("--systems", default="stock-resident,stock-offload,blocking,prefetch,bevy-ctx,bevy",
-                    help="comma-separated; a variant NAME:option=value[:...] (options two-pass, runahead, "
-                         "split-factor, lanes, eviction, prefill-wave, prefill-first) runs beside its base system "
+    be.add_argument("--systems",
+                    help=f"comma-separated (default, serve: {BENCH_SYSTEMS['serve']}; text and generate: "
+                         f"{BENCH_SYSTEMS['text']}); llama-server, llama-server-offload and bevy-server are servers "
+                         "driven over HTTP by one client (serve only); a variant NAME:option=value[:...] (options "
+                         "two-pass, runahead, split-factor, lanes, eviction, prefill-wave, prefill-first) runs beside "
+                         "its base system "
                          "for an in-run A/B, e.g. bevy:two-pass=off")
     be.add_argument("--link", default="file")
     be.add_argument("--eviction", choices=EVICTIONS, default="next-use")
@@ -398,10 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--lanes", type=int, default=0, help="bevy's (see run --help)")
     be.add_argument("--two-pass", choices=TWO_PASS, default="auto", help="for every bevy-gguf system (see run --help)")
     be.add_argument("--runahead", choices=RUNAHEAD, default=DEFAULT_RUNAHEAD, help="bevy's (see run --help)")
-    be.add_argument("--workload", choices=["text", "generate", "serve"], default="text",
-                    help="text: a burst of teacher-forced workload texts; generate: the same, greedy generation; "
-                         "serve: a closed-loop stream of texts of varied lengths, measured in its steady state "
-                         "(docs/benchmark.md)")
+    be.add_argument("--workload", choices=["text", "generate", "serve"], default="serve",
+                    help="serve (default): a closed-loop stream of texts of varied lengths, measured in its steady "
+                         "state; text: a burst of teacher-forced workload texts; generate: the same, greedy "
+                         "generation (docs/benchmark.md)")
     be.add_argument("--prompt-tokens", type=positive("--prompt-tokens"),
                     help=f"prompt tokens (default 16; serve: the longest, default {PROMPT_TOKENS[1]})")
     be.add_argument("--steps", type=positive("--steps"),

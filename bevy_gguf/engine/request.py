@@ -45,6 +45,7 @@ class Request:
     cancelled: bool = False  # set by a client that left: the runner drops it at its next step
     on_update: Callable[[Request], None] | None = field(default=None, repr=False)  # after each output
     multibyte_fix: int = 0  # tokens still to take before checks (an incomplete UTF-8 character)
+    ignore_eos: bool = False  # generation goes on past end of generation (llama-server's ignore_eos)
 
     @property
     def n_past(self) -> int:
@@ -87,7 +88,7 @@ class Request:
             if self.n_decoded >= self.n_steps:
                 self.finished, self.finish_reason = True, "length"
             return
-        if is_eog:
+        if is_eog and not self.ignore_eos:
             self.finished, self.finish_reason = True, "stop"
             return
         self.text_bytes += piece

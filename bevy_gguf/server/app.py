@@ -90,12 +90,14 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
         params = SamplingParams(**{k: v for k, v in body.sampling().items() if v is not None})
         sampler = None if params.greedy else Sampler(llm.lib, llm.model.n_vocab, params)
         return EngineRequest(prompt=prompt, prompt_tokens=tokens, max_tokens=max_tokens, sampler=sampler,
-                             stop=tuple(stops))
+                             stop=tuple(stops), ignore_eos=body.ignore_eos)
 
-    async def run(req: EngineRequest, http: Request | None) -> AsyncIterator[tuple[str, str | None]]:
+    async def run(req: EngineRequest, http: Request | None, every_token: bool = False
+                  ) -> AsyncIterator[tuple[str, str | None]]:
         """(text delta, finish reason or None) as the request decodes; cancels it if the client
         goes. Streams pass no http: Starlette closes their generator when the client goes (asking
-        the connection ourselves would race its own disconnect listener)."""
+        the connection ourselves would race its own disconnect listener). every_token: also an
+        empty delta when tokens arrived whose text is held back (timings_per_token's counts)."""
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue[None] = asyncio.Queue()
         req.on_update = lambda _: loop.call_soon_threadsafe(updates.put_nowait, None)
@@ -106,6 +108,7 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
                            headers={"Retry-After": str(RETRY_AFTER_S)})
         decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         emitted = 0  # bytes of req.text_bytes sent (decoded; bytes that are not UTF-8 left out)
+        counted = 0  # tokens generated when the last delta went out
         try:
             while True:
                 try:
@@ -115,13 +118,16 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
                         req.cancelled = True
                         return
                 done = req.finished  # read before the text: once finished, the text is complete
+                n_tokens = len(req.tokens)
                 data = bytes(req.text_bytes)
                 cut = sendable(data, req.stop, done)
+                delta = ""
                 if cut > emitted:
                     delta = decoder.decode(data[emitted:cut])
                     emitted = cut
-                    if delta:
-                        yield delta, None
+                if delta or (every_token and n_tokens > counted and not done):
+                    counted = n_tokens
+                    yield delta, None
                 if done:
                     if req.error == SHUTTING_DOWN and not req.tokens:
                         raise shutting_down()
@@ -141,6 +147,12 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
             text += delta
             finish = reason or finish
         return text, finish
+
+    def timings(req: EngineRequest, body: CompletionRequest | ChatRequest) -> dict[str, Any]:
+        """llama-server's per-chunk counts, where the request asks for them (timings_per_token)."""
+        if not body.timings_per_token:
+            return {}
+        return {"timings": {"prompt_n": len(req.prompt_tokens), "predicted_n": len(req.tokens)}}
 
     def usage(req: EngineRequest) -> dict[str, int]:
         n = len(req.tokens) - (1 if req.finish_reason == "stop" and req.tokens and llm.model.is_eog(req.tokens[-1])
@@ -199,9 +211,10 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
 
         async def events() -> AsyncIterator[dict[str, Any]]:
-            async for delta, finish in run(req, None):
+            async for delta, finish in run(req, None, body.timings_per_token):
                 yield {"id": cid, "object": "text_completion", "created": created, "model": model_id,
-                       "choices": [{"text": delta, "index": 0, "logprobs": None, "finish_reason": finish}]}
+                       "choices": [{"text": delta, "index": 0, "logprobs": None, "finish_reason": finish}]
+                       } | timings(req, body)
 
         if body.stream:
             _, stream = await first_event(events())
@@ -219,10 +232,10 @@ def create_app(engine: ServingEngine, settings: ServerSettings) -> FastAPI:
 
         def chunk(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_id,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]} | timings(req, body)
 
         async def events() -> AsyncIterator[dict[str, Any]]:
-            async for delta, finish in run(req, None):
+            async for delta, finish in run(req, None, body.timings_per_token):
                 yield chunk({"content": delta} if delta else {}, finish)
 
         if body.stream:

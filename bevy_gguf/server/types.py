@@ -30,6 +30,10 @@ class _Sampling(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     n: int = Field(default=1, ge=1, le=1)
+    # llama-server's extensions: decode past end of generation; each streamed chunk says how many
+    # tokens were generated so far (timings.predicted_n: a chunk can carry several, or none)
+    ignore_eos: bool = False
+    timings_per_token: bool = False
 
     @field_validator("stop")
     @classmethod

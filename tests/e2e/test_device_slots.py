@@ -184,8 +184,8 @@ def test_the_bench_on_a_device_placement_runs_stock_as_gpu_users_do(tmp_path: Pa
     bevy-gguf row's cache lives on the device named (here ggml's CPU device: on a build without
     a GPU, -ngl places nothing elsewhere, which is what the dry run of the GPU check relies on)."""
     model = ensure_model(tiny_spec(layers=4, experts=16, top_k=2), progress=False)
-    proc = run_cli("bench", model, "--systems", "stock-resident,stock-offload,blocking,bevy", "--repeats", "1",
-                   "--steps", "3", "--expert-cache", "50%", "-ngl", "99", "--device", "CPU", "--json",
+    proc = run_cli("bench", model, "--workload", "text", "--systems", "stock-resident,stock-offload,blocking,bevy",
+                   "--repeats", "1", "--steps", "3", "--expert-cache", "50%", "-ngl", "99", "--device", "CPU", "--json",
                    "--out", tmp_path)
     import json
 

@@ -52,11 +52,12 @@ def test_stock_offload_runs_without_repacking_under_a_cap_from_stock_without_it(
     monkeypatch.setattr(harness, "run_worker", lambda spec, cap=None: specs.append((spec, cap)) or {"ok": 1})
     cfg = harness.BenchConfig(model=tmp_path / "m.gguf", systems=["stock-offload", "bevy"])
     info = SimpleNamespace(expert_bytes=1000)
-    notes: dict[float, str] = {}
-    harness._run_offload(cfg, info, 25.0, [{"peak_rss_bytes": 3000}, {"peak_rss_bytes": 2500}], notes)
-    (spec, cap), = specs
-    assert spec["system"] == "stock-offload" and spec["repack"] is False
-    assert cap.limit == 3000 - 1000 + 250 and "--no-repack" in notes[25.0]
+    notes: dict[tuple[str, float], str] = {}
+    for system in ("stock-offload", "llama-server-offload"):  # stock's server under the same rule
+        harness._run_offload(cfg, info, system, 25.0, [{"peak_rss_bytes": 3000}, {"peak_rss_bytes": 2500}], notes)
+    for (spec, cap), system in zip(specs, ("stock-offload", "llama-server-offload"), strict=True):
+        assert spec["system"] == system and spec["repack"] is False
+        assert cap.limit == 3000 - 1000 + 250 and "--no-repack" in notes[(system, 25.0)]
 
 
 def test_the_bound_replays_each_slot_class_on_its_own_layers() -> None:
