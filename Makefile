@@ -40,8 +40,8 @@ build: venv
 demo: build
 	$(BIN)/bevy-gguf make-model $(DEFAULT_MODEL)
 	$(BIN)/bevy-gguf run $(DEFAULT_MODEL) --parallel 8 --workload text --requests 8 --expert-cache 25%
-	$(BIN)/bevy-gguf bench $(DEFAULT_MODEL) --systems stock-resident,blocking,prefetch,bevy \
-		--sweep cache=25%,90% --repeats 3 --out build/demo
+	$(BIN)/bevy-gguf bench $(DEFAULT_MODEL) --requests 24 --prompt-tokens 128 --steps 64 \
+		--systems llama-server,stock-resident,blocking,bevy --sweep cache=25%,90% --repeats 2 --out build/demo
 
 test: build
 	$(BIN)/python -m pytest -q tests

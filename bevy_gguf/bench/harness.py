@@ -411,15 +411,18 @@ def _run_offload(cfg: BenchConfig, info: Any, system: str, pct: float, unpacked:
 def fastest_compute_s(resident: list[dict[str, Any]], rows: list[dict[str, Any]], tokens: int,
                       by_rate: bool = False) -> float | None:
     """Decode seconds of the fastest all-resident execution measured in this run: stock-resident,
-    or any system at a 100% cache (whose only loads are the compulsory ones). by_rate (a serving
-    window, whose tokens differ by run): tokens at the median window rate of stock-resident."""
+    or any in-process system at a 100% cache (whose only loads are the compulsory ones). by_rate (a
+    serving window, whose tokens differ by run): tokens at the median window rate of stock-resident."""
     if by_rate:
         rates = [r["tok_per_s"] for r in resident if "error" not in r and r.get("tok_per_s")]
         candidates = [tokens / _median(rates)] if rates else []
     else:
         times = [r["decode_s"] for r in resident if "error" not in r]
         candidates = [_median(times)] if times else []
-    candidates += [tokens / r["tok_per_s"] for r in rows if r["cache"] == 100.0 and r.get("tok_per_s")]
+    # the servers' rows are left out: over HTTP nothing is teacher-forced, and stock's server keeps a
+    # KV stream per sequence, which layer-range decode cannot (the bound is of this engine's compute)
+    candidates += [tokens / r["tok_per_s"] for r in rows
+                   if r["cache"] == 100.0 and r.get("tok_per_s") and r["system"] not in SERVER_SYSTEMS]
     return min(candidates) if candidates else None
 
 

@@ -1,4 +1,4 @@
-"""Bench outputs: report.md, report.json, throughput.png and timeline.json (Chrome/Perfetto)."""
+"""Bench outputs: report.md, report.json, throughput.png, working_set.png, timeline.json (Chrome/Perfetto)."""
 
 from __future__ import annotations
 
@@ -288,6 +288,37 @@ def timeline(report: dict[str, Any]) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+def plot_working_set(report: dict[str, Any], path: Path) -> bool:
+    """The working-set curve (bench/working_set.py) against the cache points of the sweep: the
+    share of the experts a span of decode tokens touches, beside the share each cache holds.
+    False (nothing written) when the run recorded no curve."""
+    curve = report["protocol"].get("working_set") or []
+    if not curve:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot([w["decode_tokens"] for w in curve], [100 * w["share"] for w in curve], marker="o",
+            label="distinct experts a span touches")
+    for pct in sorted({r["cache"] for r in report["runs"] if r.get("link_point") and r["cache"] < 100}):
+        ax.axhline(pct, linestyle=":", color="gray")
+        ax.annotate(f"cache {pct:.0f}%", (curve[0]["decode_tokens"], pct), fontsize=8, va="bottom")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("span (decode tokens)")
+    ax.set_ylabel("% of every routed expert")
+    ax.set_ylim(0, 100)
+    ax.set_title("working set of the recorded order")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def write_outputs(report: dict[str, Any], out: Path, command: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "report.md", out / "report.json", out / "throughput.png", out / "timeline.json"]
@@ -295,6 +326,8 @@ def write_outputs(report: dict[str, Any], out: Path, command: str) -> list[Path]
     paths[1].write_text(json.dumps(public_json(report), indent=1))
     plot(report, paths[2])
     paths[3].write_text(json.dumps(timeline(report)))
+    if plot_working_set(report, out / "working_set.png"):
+        paths.append(out / "working_set.png")
     return paths
 
 

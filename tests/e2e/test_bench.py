@@ -115,6 +115,7 @@ def test_outputs_written(bench: tuple[dict, Path]) -> None:
         # below 100% (a cache of every expert loads them at start-up, before decode is counted)
         assert all(r["link_bounced"] > 0 for r in doc["runs"] if r["system"] == "bevy" and r["cache"] < 100)
     assert (out / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "working_set.png").read_bytes()[:4] == b"\x89PNG"  # the burst's curve, over its decode steps
     trace = json.loads((out / "timeline.json").read_text())["traceEvents"]
     cats = {e.get("cat") for e in trace}
     assert {"wait", "compute", "load"} <= cats
@@ -185,10 +186,14 @@ def test_the_bound_computes_at_the_fastest_all_resident_speed_measured() -> None
     from bevy_gguf.bench.harness import fastest_compute_s
 
     resident = [{"decode_s": 2.0}, {"decode_s": 2.2}, {"error": "killed"}]
-    rows = [{"cache": 100.0, "tok_per_s": 512.0}, {"cache": 25.0, "tok_per_s": 5000.0},
-            {"cache": 100.0, "tok_per_s": None}]
+    rows = [{"system": "bevy", "cache": 100.0, "tok_per_s": 512.0},
+            {"system": "bevy", "cache": 25.0, "tok_per_s": 5000.0},
+            {"system": "blocking", "cache": 100.0, "tok_per_s": None},
+            {"system": "llama-server", "cache": 100.0, "tok_per_s": 1024.0}]
     assert fastest_compute_s(resident, rows, 512) == 1.0  # a system at 100% beat stock-resident
     assert fastest_compute_s(resident, rows[1:], 512) == 2.1  # only a 100% cache counts as resident
+    # and only in-process runs: a server's tokens are its own (not teacher-forced), its KV laid out apart
+    assert fastest_compute_s(resident, rows[3:], 512) == 2.1
     assert fastest_compute_s([], [], 512) is None
 
 
