@@ -1,4 +1,4 @@
-"""Bench outputs: report.md, report.json, throughput.png, working_set.png, timeline.json (Chrome/Perfetto)."""
+"""Bench outputs: report.md, report.json, throughput(_link).png, working_set.png, timeline.json (Chrome/Perfetto)."""
 
 from __future__ import annotations
 
@@ -195,68 +195,93 @@ def _calls(row: dict[str, Any]) -> str:
     return f"{row['layer_calls']:.0f} ({_fmt(row.get('two_pass_calls'), '.0f')})"
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
+def _link_rate(link: str | None) -> float | None:
+    from bevy_gguf.config import LinkSpec
+
+    return LinkSpec.parse(link).rate if link else None
+
+
+def plot(report: dict[str, Any], path: Path) -> list[str]:
+    """Decode throughput against the cache size: a line per system (per system and link point
+    where the sweep has several), stock-resident and llama-server (every weight in memory) as
+    horizontal lines, and the bound (of the bench's first link point). Returns the legend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    links = {r.get("link_point") for r in report["runs"] if r.get("link_point")}
-    caches = {r["cache"] for r in report["runs"] if r.get("link_point")}
-    if len(links) > 1 and len(caches) == 1:
-        _plot_links(report, ax)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return
-    systems = sorted({r["system"] for r in report["runs"]})
-    for system in systems:
-        pts = sorted((r["cache"], r["tok_per_s"]) for r in report["runs"] if r["system"] == system and r["tok_per_s"])
-        if not pts:
-            continue
-        if system in ("stock-resident", "llama-server"):  # every weight in memory: one run, a line
-            ax.axhline(pts[0][1], linestyle=":", color="gray" if system == "stock-resident" else "black",
-                       label=f"{system} (all in RAM)")
-        else:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
-    bound = sorted((b["cache"], b["tok_per_s"]) for b in report["bound"] if b["tok_per_s"])
+    links = list(dict.fromkeys(r["link_point"] for r in report["runs"] if r.get("link_point")))
+    for system in sorted({r["system"] for r in report["runs"]}):
+        rows = [r for r in report["runs"] if r["system"] == system and r["tok_per_s"]]
+        linkless = all(r.get("link_point") is None for r in rows)  # stock's: no link of its own
+        for link in [None] if linkless else links:
+            pts = sorted((r["cache"], r["tok_per_s"]) for r in rows if r.get("link_point") == link)
+            if not pts:
+                continue
+            if system in ("stock-resident", "llama-server"):  # every weight in memory: one run, a line
+                ax.axhline(pts[0][1], linestyle=":", color="gray" if system == "stock-resident" else "black",
+                           label=f"{system} (all in RAM)")
+                continue
+            label = system if linkless or len(links) < 2 else f"{system}, {link}"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    first = links[0] if links else None
+    bound = sorted((b["cache"], b["tok_per_s"]) for b in report["bound"]
+                   if b["tok_per_s"] and b.get("link_point") in (first, None))
     if bound:
         ax.plot([b[0] for b in bound], [b[1] for b in bound], linestyle="--", color="black", label="bound")
     ax.set_xlabel("expert cache (% of routed expert bytes)")
     ax.set_ylabel("decode tok/s")
-    link = report["protocol"]["link"]
-    ax.set_title(f"decode throughput vs cache size (link: {link})")
+    ax.set_title(f"decode throughput vs cache size (link: {first or report['protocol']['link']})")
+    return _save(fig, ax, path)
+
+
+def _save(fig: Any, ax: Any, path: Path) -> list[str]:
+    """Grid, legend, write; the legend's labels."""
+    import matplotlib.pyplot as plt
+
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return labels
 
 
-def _plot_links(report: dict[str, Any], ax: Any) -> None:
-    """Throughput against the emulated link's rate (one cache point)."""
-    from bevy_gguf.config import LinkSpec
+def plot_links(report: dict[str, Any], path: Path) -> list[str]:
+    """Decode throughput against the emulated link's rate: a line per system (per system and cache
+    point where the sweep has several) and the bound of each cache point; the legend. Nothing
+    written (an empty legend) unless the sweep has two or more emulated rates."""
+    rated = [r for r in report["runs"] if _link_rate(r.get("link_point"))]
+    if len({r["link_point"] for r in rated}) < 2:
+        return []
+    import matplotlib
 
-    def rate(link: str) -> float | None:
-        return LinkSpec.parse(link).rate
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-    for system in sorted({r["system"] for r in report["runs"] if r.get("link_point")}):
-        pts = sorted((rate(r["link_point"]) / 1e9, r["tok_per_s"]) for r in report["runs"]
-                     if r["system"] == system and r.get("link_point") and rate(r["link_point"]) and r["tok_per_s"])
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
-    bound = sorted((rate(b["link_point"]) / 1e9, b["tok_per_s"]) for b in report["bound"]
-                   if b.get("link_point") and rate(b["link_point"]) and b["tok_per_s"])
-    if bound:
-        ax.plot([b[0] for b in bound], [b[1] for b in bound], linestyle="--", color="black", label="bound")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    caches = sorted({r["cache"] for r in rated})
+    for system in sorted({r["system"] for r in rated}):
+        for cache in caches:
+            pts = sorted((_link_rate(r["link_point"]) / 1e9, r["tok_per_s"]) for r in rated
+                         if r["system"] == system and r["cache"] == cache and r["tok_per_s"])
+            if pts:
+                label = system if len(caches) < 2 else f"{system}, {cache:.0f}%"
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    for cache in caches:
+        bound = sorted((_link_rate(b["link_point"]) / 1e9, b["tok_per_s"]) for b in report["bound"]
+                       if b["cache"] == cache and _link_rate(b.get("link_point")) and b["tok_per_s"])
+        if bound:
+            ax.plot([b[0] for b in bound], [b[1] for b in bound], linestyle="--", color="black",
+                    label="bound" if len(caches) < 2 else f"bound, {cache:.0f}%")
     ax.set_xscale("log")
     ax.set_xlabel("emulated link rate (GB/s)")
     ax.set_ylabel("decode tok/s")
-    cache = next(r["cache"] for r in report["runs"] if r.get("link_point"))
-    ax.set_title(f"decode throughput vs link rate (expert cache {cache:.0f}%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    where = f"expert cache {caches[0]:.0f}%" if len(caches) == 1 else "each cache point"
+    ax.set_title(f"decode throughput vs emulated link rate ({where})")
+    return _save(fig, ax, path)
 
 
 def timeline(report: dict[str, Any]) -> dict[str, Any]:
@@ -311,12 +336,7 @@ def plot_working_set(report: dict[str, Any], path: Path) -> bool:
     ax.set_ylabel("% of every routed expert")
     ax.set_ylim(0, 100)
     ax.set_title("working set of the recorded order")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return bool(_save(fig, ax, path))
 
 
 def write_outputs(report: dict[str, Any], out: Path, command: str) -> list[Path]:
@@ -326,6 +346,8 @@ def write_outputs(report: dict[str, Any], out: Path, command: str) -> list[Path]
     paths[1].write_text(json.dumps(public_json(report), indent=1))
     plot(report, paths[2])
     paths[3].write_text(json.dumps(timeline(report)))
+    if plot_links(report, out / "throughput_link.png"):
+        paths.append(out / "throughput_link.png")
     if plot_working_set(report, out / "working_set.png"):
         paths.append(out / "working_set.png")
     return paths

@@ -426,7 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--device", default=None, metavar="NAME",
                     help="bevy-gguf's systems keep their expert cache on this ggml device (see run --help)")
     be.add_argument("--out", metavar="DIR",
-                    help="write report.md, report.json, throughput.png, working_set.png, timeline.json")
+                    help="write report.md, report.json, throughput.png (throughput_link.png with a link sweep), "
+                         "working_set.png, timeline.json")
     be.add_argument("--json", action="store_true", help="print report.json")
     be.set_defaults(func=cmd_bench)
 

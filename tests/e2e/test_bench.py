@@ -155,6 +155,7 @@ def test_a_link_sweep_runs_every_system_at_every_rate(tmp_path: Path) -> None:
     md = (tmp_path / "report.md").read_text()
     assert "| bevy | 50% | 20MB/s (emulated) |" in md and "| bevy / blocking | 50% | 80MB/s (emulated) |" in md
     assert (tmp_path / "throughput.png").stat().st_size > 0
+    assert (tmp_path / "throughput_link.png").read_bytes()[:4] == b"\x89PNG"  # against the emulated rate
 
 
 _PROTOCOL = {"model": "m.gguf", "model_bytes": 1, "expert_bytes": 1, "slot_bytes": 1, "machine": "x",
