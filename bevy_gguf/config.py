@@ -18,6 +18,8 @@ from bevy_gguf.errors import BevyError
 ENGINES = ("bevy", "stock")
 EVICTIONS = ("next-use", "lru", "random")
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # LLAMA_FLASH_ATTN_TYPE_*
+# llama.cpp's -lm/--load-mode values (llama_load_mode)
+LOAD_MODES = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}
 TWO_PASS = ("auto", "on", "off")
 RUNAHEAD = ("auto", "on", "off")
 # off: in a steady serving stream runahead loaded 1.5x blocking's bytes and auto's epochs, which
@@ -160,6 +162,9 @@ class EngineConfig:
                                          # start a step (blocking's and llama-server's order; off: they ride with it)
     repack: bool = True                  # llama.cpp's weight repacking (-nr/--no-repack: off): stock copies
                                          # repackable weights (Q4_0, Q4_K, ... on AVX2) into memory of its own
+    load_mode: str = "auto"              # llama.cpp's -lm/--load-mode of the dense weights (LOAD_MODES; none:
+                                         # read into memory at load, so a file cut short while serving fails
+                                         # only the expert loads it lacks); the routed experts stay the link's
     device: str | None = None            # the expert cache's slots in this ggml device's memory (CUDA0, Vulkan0,
                                          # CPU: ggml's own); None: host memory of libbevy's
     gpu_layers: int = 0                  # llama.cpp's -ngl: layers whose dense weights and KV live on the GPU
@@ -168,6 +173,8 @@ class EngineConfig:
                                          # N layers in host memory, computed on the CPU); bevy's live in its cache
 
     def __post_init__(self) -> None:
+        if self.load_mode not in LOAD_MODES:
+            raise BevyError(f"load_mode {self.load_mode!r}: choose one of {', '.join(LOAD_MODES)}")
         from bevy_gguf.engine.registry import scheduler_names
 
         object.__setattr__(self, "model", Path(self.model))

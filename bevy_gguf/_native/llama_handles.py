@@ -58,13 +58,15 @@ class Model:
     """A loaded llama_model and its vocabulary."""
 
     def __init__(self, llama_cpp: ModuleType, path: Path, repack: bool = True, gpu_layers: int = 0,
-                 cpu_moe_layers: int = 0, vocab_only: bool = False) -> None:
+                 cpu_moe_layers: int = 0, vocab_only: bool = False, load_mode: int = -1) -> None:
         """gpu_layers: llama.cpp's -ngl; cpu_moe_layers: its --n-cpu-moe (the routed experts of the
-        first N layers stay in host memory); vocab_only: the vocabulary alone (no weights)."""
+        first N layers stay in host memory); vocab_only: the vocabulary alone (no weights);
+        load_mode: llama.cpp's llama_load_mode (-1 auto: mmap; 0 none: read into memory at load)."""
         self.lib = llama_cpp
         self.path = path
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = vocab_only
+        params.load_mode = load_mode
         params.n_gpu_layers = gpu_layers  # llama.cpp's -ngl
         if cpu_moe_layers:
             self._overrides = cpu_moe_overrides(llama_cpp, cpu_moe_layers)  # alive while the model loads

@@ -277,6 +277,9 @@ def plot_links(report: dict[str, Any], path: Path) -> list[str]:
             ax.plot([b[0] for b in bound], [b[1] for b in bound], linestyle="--", color="black",
                     label="bound" if len(caches) < 2 else f"bound, {cache:.0f}%")
     ax.set_xscale("log")
+    rates = sorted({_link_rate(r["link_point"]) / 1e9 for r in rated})
+    ax.set_xticks(rates, [f"{x:g}" for x in rates])
+    ax.minorticks_off()
     ax.set_xlabel("emulated link rate (GB/s)")
     ax.set_ylabel("decode tok/s")
     where = f"expert cache {caches[0]:.0f}%" if len(caches) == 1 else "each cache point"

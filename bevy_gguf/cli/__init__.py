@@ -14,6 +14,7 @@ from bevy_gguf.config import (
     EVERY_LAYER,
     EVICTIONS,
     FLASH_ATTN,
+    LOAD_MODES,
     RUNAHEAD,
     TWO_PASS,
     EngineConfig,
@@ -117,7 +118,8 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
                   two_pass=getattr(args, "two_pass", "auto"),
                   runahead=getattr(args, "runahead", DEFAULT_RUNAHEAD), prefill_wave=getattr(args, "prefill_wave", 16),
                   prefill_first=getattr(args, "prefill_first", False),
-                  repack=not getattr(args, "no_repack", False), device=getattr(args, "device", None),
+                  repack=not getattr(args, "no_repack", False), load_mode=getattr(args, "load_mode", "auto"),
+                  device=getattr(args, "device", None),
                   gpu_layers=getattr(args, "gpu_layers", 0), n_cpu_moe=getattr(args, "n_cpu_moe", 0))
     return EngineConfig(**(values | overrides))
 
@@ -288,6 +290,9 @@ def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: b
                    help="flash attention, as llama.cpp's -fa (default auto)")
     p.add_argument("-nr", "--no-repack", action="store_true",
                    help="as llama.cpp's: keep weights as the file has them (no interleaved CPU layouts)")
+    p.add_argument("-lm", "--load-mode", choices=list(LOAD_MODES), default="auto",
+                   help="as llama.cpp's: how the dense weights load (none: read into memory, not mapped, so a file "
+                        "cut short while serving fails only expert loads); the routed experts come through the link")
     p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=non_negative("--gpu-layers"),
                    default=0, metavar="N",
                    help="as llama.cpp's -ngl: layers whose dense weights and KV cache live on the GPU (default 0); "

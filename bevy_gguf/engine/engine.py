@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from bevy_gguf._native import llama_ext
 from bevy_gguf._native.llama_handles import ContextParams, Model
 from bevy_gguf._native.loader import use_libllama
-from bevy_gguf.config import EngineConfig
+from bevy_gguf.config import LOAD_MODES, EngineConfig
 from bevy_gguf.engine.calibrate import StepCosts
 from bevy_gguf.engine.device_slots import CPU_DEVICE, find_device
 from bevy_gguf.engine.expert_cache import ExpertCache
@@ -83,7 +83,8 @@ class LLMEngine:
         self.device = None if self.stock or config.device is None else find_device(
             llama_ext.devices(self.lib), config.device, config.gpu_layers)
         self.model = Model(self.lib, config.model, repack=config.repack, gpu_layers=config.gpu_layers,
-                           cpu_moe_layers=experts_in_host_memory(config, self.info.n_layer))
+                           cpu_moe_layers=experts_in_host_memory(config, self.info.n_layer),
+                           load_mode=LOAD_MODES[config.load_mode])
         self.cache: ExpertCache | None = None
         self.fill_s = 0.0  # start-up seconds loading every expert (a cache that holds them all)
         try:

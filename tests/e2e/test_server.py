@@ -439,6 +439,33 @@ def test_a_gguf_replaced_while_serving_keeps_serving_the_file_it_opened(model: P
         s.stop()
 
 
+def test_a_gguf_cut_short_while_serving_unmapped_fails_only_the_loads_it_lacks(model: Path, tmp_path: Path,
+                                                                               reference: dict[str, str]) -> None:
+    """--load-mode none: the dense weights are read into memory at load, so a file truncated in place
+    while serving (which kills a process that maps it) fails only the requests whose experts it no
+    longer holds, each with a clear error; the others answer as before and the server stays up."""
+    copy = tmp_path / "model.gguf"
+    copy.write_bytes(model.read_bytes())
+    s = Server(copy, "--parallel", "2", "--expert-cache", "25%", "--ctx-size", "256", "--link", "file",
+               "--load-mode", "none")
+    try:
+        os.truncate(copy, copy.stat().st_size // 2)  # the experts of the later layers are gone
+        statuses: set[int] = set()
+        for prompt in PROMPTS:
+            r = httpx.post(s.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0},
+                           timeout=60)
+            statuses.add(r.status_code)
+            if r.status_code == 200:
+                assert r.json()["choices"][0]["text"].startswith(reference[prompt]), prompt
+            else:
+                assert r.status_code == 500 and "short read" in r.json()["error"]["message"], r.text
+        assert 500 in statuses, statuses
+        assert httpx.get(s.url + "/health", timeout=5).status_code == 200
+        assert s.proc.poll() is None
+    finally:
+        s.stop()
+
+
 def test_idle_and_slow_connections_are_closed_and_do_not_starve_requests(model: Path) -> None:
     """500 connections that send nothing and one whose request head never ends: a real request
     is answered meanwhile, and after --head-timeout the server has closed them all (uvicorn alone

@@ -35,6 +35,7 @@ def test_defaults_read_the_machine_not_a_constant() -> None:
     ({"wait_timeout_s": 0}, "wait timeout must be positive"),
     ({"n_ctx": 1}, "n_ctx must be an integer of at least 2"),
     ({"flash_attn": "yes"}, "choose one of auto, off, on"),
+    ({"load_mode": "mapped"}, "load_mode 'mapped': choose one of auto, none, mmap"),
     ({"runahead": "always"}, "runahead 'always': choose one of auto, on, off"),
     ({"gpu_layers": -1}, "gpu_layers must be an integer of at least 0"),
     ({"n_cpu_moe": True}, "n_cpu_moe must be an integer of at least 0"),
