@@ -55,6 +55,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
         "read through the mapping); bevy-gguf's dense weights as stock-resident's, and its cache slots "
         "in the same repacked layout where stock repacks (the rest the file's bytes)" + _repacked(report) + ".",
         _placement(p),
+        *_servers(report),
         "",
         "| system | cache | " + ("link | " if sweep else "") + "tok/s | % of bound | TPOT p50 / p99 ms | TTFT ms | "
         "hit rate | MB loaded | compute / link busy s | link util | link GB/s while busy | overlap eff. | "
@@ -136,6 +137,21 @@ def markdown(report: dict[str, Any], command: str) -> str:
               " time at least one graph computes; link busy = time at least one transfer is in flight; overlap "
               "efficiency = max(compute busy, link busy) / decode wall time.", ""]
     return "\n".join(lines)
+
+
+def _servers(report: dict[str, Any]) -> list[str]:
+    """What the server rows are (bench/served.py), where the run has any."""
+    from bevy_gguf.bench.served import SERVER_SYSTEMS
+
+    ran = [s for s in SERVER_SYSTEMS if any(r["system"] == s for r in report["runs"])]
+    if not ran:
+        return []
+    return [f"Servers ({', '.join(ran)}): stock llama-server built from the pinned source (-np = --parallel, "
+            "continuous batching, a KV stream per sequence; -offload: mmap, --no-repack, the server alone in "
+            "the memory cgroup) and bevy-gguf serve (--scheduler bevy, the point's cache and link), on loopback, "
+            "driven by one closed-loop client on this machine with the same stream, streamed, greedy (not "
+            "teacher-forced: each server decodes its own tokens), tokens counted by timings.predicted_n; "
+            "the bound's compute term leaves them out."]
 
 
 def _placement(p: dict[str, Any]) -> str:

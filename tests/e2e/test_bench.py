@@ -285,6 +285,7 @@ def test_the_serve_workload_is_measured_in_its_steady_window(tmp_path: Path) -> 
     names = {(r["ratio"], r["cache"]) for r in doc["ratios"]}
     assert {("bevy-server / llama-server", 100.0), ("bevy-server / bevy", 25.0)} <= names
     text = markdown(doc, "bench")
+    assert "Servers (llama-server, bevy-server): stock llama-server built from the pinned source" in text
     assert "closed-loop stream of 10" in text and "Working set of the recorded order (inside the steady" in text
     assert "raise --requests" in run_cli("bench", model, "--workload", "serve", "--requests", "3", "-np", "2",
                                          check=False).stderr
