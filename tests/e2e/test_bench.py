@@ -274,8 +274,11 @@ def test_the_serve_workload_is_measured_in_its_steady_window(tmp_path: Path) -> 
     # the bound of the window: blocking's order recorded, split at the same rule
     resident = next(r for r in doc["runs"] if r["system"] == "stock-resident")
     assert abs(p["decode_tokens"] - resident["decode_tokens"]) <= 0.1 * resident["decode_tokens"], p["decode_tokens"]
+    # its compute term: the fastest all-resident rate of an in-process run (stock-resident, or a system at 100%)
+    fastest = max(r["tok_per_s"] for r in doc["runs"] if r["system"] == "stock-resident"
+                  or (r["cache"] == 100 and "server" not in r["system"]))
     for b in doc["bound"]:
-        assert 0 < b["tok_per_s"] <= 1.001 * resident["tok_per_s"] and b["belady_misses"] >= 0, b
+        assert 0 < b["tok_per_s"] <= 1.001 * fastest and b["belady_misses"] >= 0, b
     curve = p["working_set"]
     assert curve and [w["decode_tokens"] for w in curve] == sorted(w["decode_tokens"] for w in curve)
     assert all(0 < w["share"] <= 1 for w in curve) and curve[-1]["distinct_experts"] >= curve[0]["distinct_experts"]
