@@ -33,7 +33,13 @@ from typing import Any
 
 import httpx
 
-from bevy_gguf.bench.window import CounterSampler, steady_window, window_outputs, window_ttft_by_request
+from bevy_gguf.bench.window import (
+    CounterSampler,
+    steady_window,
+    window_counters,
+    window_outputs,
+    window_ttft_by_request,
+)
 from bevy_gguf.errors import BevyError
 from bevy_gguf.paths import tool_path
 
@@ -291,23 +297,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "client_s": time.perf_counter() - t_load, "request_times": [a.times for a in answers]}
         if sampler is None:
             return out | {"compute_busy_s": window.seconds, "link_busy_s": 0.0}
-        counters = {k: round(v) for k, v in sampler.between(window).items()}
-        return out | {"decode_counters": counters, "compute_busy_s": counters.get("compute_busy_ns", 0) / 1e9,
-                      "link_busy_s": counters.get("link_busy_ns", 0) / 1e9}
-
-
-def main() -> int:
-    spec = json.loads(sys.argv[1])
-    t0 = time.perf_counter()
-    try:
-        out = run(spec)
-    except BevyError as e:
-        print(json.dumps({"system": spec.get("system"), "error": str(e)}))
-        return 0
-    out["wall_s"] = time.perf_counter() - t0
-    print(json.dumps(out))
-    return 0
+        return out | window_counters(sampler, window)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bevy_gguf.bench.worker import main
+
+    sys.exit(main(run))

@@ -122,3 +122,11 @@ def interpolate(times: list[float], samples: list[dict[str, Any]], t: float) -> 
     t0, t1 = times[i - 1], times[i]
     w = (t - t0) / (t1 - t0) if t1 > t0 else 1.0
     return {k: samples[i - 1][k] + w * (samples[i][k] - samples[i - 1][k]) for k in samples[i]}
+
+
+def window_counters(sampler: CounterSampler, window: Window) -> dict[str, Any]:
+    """A serving row's cache figures inside its window: the counters' gains, and the compute and
+    link busy seconds they hold."""
+    counters = {k: round(v) for k, v in sampler.between(window).items()}
+    return {"decode_counters": counters, "compute_busy_s": counters.get("compute_busy_ns", 0) / 1e9,
+            "link_busy_s": counters.get("link_busy_ns", 0) / 1e9}

@@ -10,10 +10,17 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bevy_gguf.bench.window import CounterSampler, steady_window, window_outputs, window_ttft_by_request
+from bevy_gguf.bench.window import (
+    CounterSampler,
+    steady_window,
+    window_counters,
+    window_outputs,
+    window_ttft_by_request,
+)
 from bevy_gguf.config import DEFAULT_RUNAHEAD, EngineConfig
 from bevy_gguf.engine.engine import RUNNER_STATS
 from bevy_gguf.engine.registry import scheduler_names
@@ -119,16 +126,15 @@ def in_window(result: RunResult, n_parallel: int, warmup: int, sampler: CounterS
     out |= {"ttft_ms": list(ttft.values()), "ttft_by_request": {str(i): ms for i, ms in ttft.items()}}
     if stock:
         return out | {"compute_busy_s": window.seconds}
-    counters = {k: round(v) for k, v in sampler.between(window).items()}
-    return out | {"decode_counters": counters, "compute_busy_s": counters.get("compute_busy_ns", 0) / 1e9,
-                  "link_busy_s": counters.get("link_busy_ns", 0) / 1e9}
+    return out | window_counters(sampler, window)
 
 
-def main() -> int:
+def main(run_spec: Callable[[dict[str, Any]], dict[str, Any]] = run) -> int:
+    """Run the spec of argv[1]; print its JSON (a BevyError as an error row). bench/served.py's too."""
     spec = json.loads(sys.argv[1])
     t0 = time.perf_counter()
     try:
-        out = run(spec)
+        out = run_spec(spec)
     except BevyError as e:
         print(json.dumps({"system": spec.get("system"), "error": str(e)}))
         return 0
