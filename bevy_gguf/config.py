@@ -160,6 +160,8 @@ class EngineConfig:
                                          # experts load once for the wave; 1: chunk after chunk)
     prefill_first: bool = False          # bevy: a prompt's last wave runs before the decode tokens that wait to
                                          # start a step (blocking's and llama-server's order; off: they ride with it)
+    kv_unified: bool = False             # llama.cpp's -kvu: one KV stream every sequence attends over under a
+                                         # mask; off (llama-server's default): a stream per sequence
     repack: bool = True                  # llama.cpp's weight repacking (-nr/--no-repack: off): stock copies
                                          # repackable weights (Q4_0, Q4_K, ... on AVX2) into memory of its own
     load_mode: str = "auto"              # llama.cpp's -lm/--load-mode of the dense weights (LOAD_MODES; none:
@@ -204,6 +206,8 @@ class EngineConfig:
             raise BevyError(f"unknown eviction policy {self.eviction!r}: choose one of {', '.join(EVICTIONS)}")
         if self.two_pass not in TWO_PASS:
             raise BevyError(f"two_pass {self.two_pass!r}: choose one of {', '.join(TWO_PASS)}")
+        if not isinstance(self.kv_unified, bool):
+            raise BevyError(f"kv_unified must be true or false, got {self.kv_unified!r}")
         if not isinstance(self.prefill_first, bool):
             raise BevyError(f"prefill_first must be true or false, got {self.prefill_first!r}")
         if self.runahead not in RUNAHEAD:

@@ -93,6 +93,9 @@ class BevyMoeCall(ctypes.Structure):
         ("n_embd", c_int32),
         ("route_only", c_int32),
         ("pass", c_int32),
+        ("batch_rows", POINTER(c_int32)),
+        ("n_batch_rows", c_int32),
+        ("batch_seq", c_int32),
     ]
 
 
@@ -246,14 +249,14 @@ def bevy_router_trace_hook(trace: int, call: Any, /) -> int:
     ...
 
 
-# int64_t bevy_router_trace_rows(const bevy_router_trace * trace, int32_t il);
+# int64_t bevy_router_trace_rows(bevy_router_trace * trace, int32_t il);
 @_bind("bevy_router_trace_rows", [BevyRouterTrace, c_int32], c_int64)
 def bevy_router_trace_rows(trace: BevyRouterTrace, il: int, /) -> int:
-    """Rows (tokens) recorded for layer il; -1 for a bad layer."""
+    """Rows (tokens) recorded for layer il, in batch order; -1 for a bad layer."""
     ...
 
 
-# int64_t bevy_router_trace_read(const bevy_router_trace *, int32_t il, int64_t first, int64_t n, int32_t * out);
+# int64_t bevy_router_trace_read(bevy_router_trace *, int32_t il, int64_t first, int64_t n, int32_t * out);
 @_bind("bevy_router_trace_read", [BevyRouterTrace, c_int32, c_int64, c_int64, POINTER(c_int32)], c_int64)
 def bevy_router_trace_read(trace: BevyRouterTrace, il: int, first: int, n: int, out: Any, /) -> int:
     """Copies rows [first, first + n) of layer il (n*k ids); rows copied, or -1."""

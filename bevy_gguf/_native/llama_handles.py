@@ -28,7 +28,7 @@ class ContextParams:
     n_seq_max: int
     n_threads: int
     n_ubatch: int | None = None  # tokens per graph evaluation (default: n_batch)
-    kv_unified: bool = True
+    kv_unified: bool = False  # llama.cpp's default: a KV stream per sequence (llama-server's -kvu: True)
     flash_attn_type: int = -1  # LLAMA_FLASH_ATTN_TYPE_*: -1 auto (llama.cpp's default), 0 off, 1 on
 
 

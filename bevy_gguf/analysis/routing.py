@@ -46,8 +46,8 @@ def per_request(trace: RouterTrace, calls: list[BatchCall], n_requests: int, dec
                 ) -> np.ndarray:
     """[requests, layers, steps, k]: each request's selections, in its token order.
 
-    Rows arrive in batch order (kv_unified keeps it), one block per decode call; every request
-    must have the same number of steps. The last layer computes only the rows that output
+    Rows arrive in batch order (the trace sorts each ubatch's rows back into it), one block per
+    decode call; every request must have the same number of steps. The last layer computes only the rows that output
     logits (llama.cpp drops the others before it), so its prefill blocks are shorter. A dense
     layer (no experts, nothing traced) gets -1 for every selection: callers keep moe_layers.
     """

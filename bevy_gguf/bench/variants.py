@@ -23,6 +23,7 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "eviction": ("eviction", str),
     "prefill-wave": ("prefill_wave", int),
     "prefill-first": ("prefill_first", str),
+    "kv-unified": ("kv_unified", str),  # on: one KV stream (llama.cpp's -kvu); off: one per sequence
 }
 
 
@@ -72,8 +73,8 @@ def _check(name: str, key: str, value: Any) -> None:
         raise BevyError(f"{name}: runahead={value}: choose one of {', '.join(RUNAHEAD)}")
     if key == "eviction" and value not in EVICTIONS:
         raise BevyError(f"{name}: eviction={value}: choose one of {', '.join(EVICTIONS)}")
-    if key == "prefill-first" and value not in ("on", "off"):
-        raise BevyError(f"{name}: prefill-first={value}: choose on or off")
+    if key in ("prefill-first", "kv-unified") and value not in ("on", "off"):
+        raise BevyError(f"{name}: {key}={value}: choose on or off")
     if key == "prefill-wave" and value < 1:
         raise BevyError(f"{name}: prefill-wave must be at least 1, got {value}")
     if key in ("split-factor", "lanes") and value < 0:

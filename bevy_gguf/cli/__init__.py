@@ -118,6 +118,7 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
                   two_pass=getattr(args, "two_pass", "auto"),
                   runahead=getattr(args, "runahead", DEFAULT_RUNAHEAD), prefill_wave=getattr(args, "prefill_wave", 16),
                   prefill_first=getattr(args, "prefill_first", False),
+                  kv_unified=getattr(args, "kv_unified", False),
                   repack=not getattr(args, "no_repack", False), load_mode=getattr(args, "load_mode", "auto"),
                   device=getattr(args, "device", None),
                   gpu_layers=getattr(args, "gpu_layers", 0), n_cpu_moe=getattr(args, "n_cpu_moe", 0))
@@ -288,6 +289,9 @@ def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: b
                    help="threads (default: this machine's physical cores, %(default)s)")
     p.add_argument("-fa", "--flash-attn", choices=list(FLASH_ATTN), default="auto",
                    help="flash attention, as llama.cpp's -fa (default auto)")
+    p.add_argument("-kvu", "--kv-unified", action="store_true",
+                   help="as llama.cpp's: one KV buffer every sequence attends over under a mask (default: a stream "
+                        "per sequence, as llama-server)")
     p.add_argument("-nr", "--no-repack", action="store_true",
                    help="as llama.cpp's: keep weights as the file has them (no interleaved CPU layouts)")
     p.add_argument("-lm", "--load-mode", choices=list(LOAD_MODES), default="auto",

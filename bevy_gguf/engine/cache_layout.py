@@ -65,10 +65,6 @@ class CacheLayout:
     n_layer: int
     n_expert: int
     top_k: int
-    # tokens a graph may hold beyond its micro-batch: with recurrent layers llama.cpp splits a batch
-    # by sequence (split_equal), and takes one sequence more than n_ubatch allows (n_ubatch + 1 of
-    # them, a token each), so the cache must pin that many tokens' experts at once
-    overshoot: int = 0
 
     @property
     def slot_bytes(self) -> int:
@@ -138,15 +134,12 @@ class CacheLayout:
             strides = tuple(_stride(nbytes, [(il, k) for il in layers], sources, straight)
                             for k, nbytes in enumerate(sig))
             classes.append(SlotClass(sig, layers, strides if strides != sig else ()))
-        return cls(kinds, tuple(classes), tuple(layer_class), sources, info.n_layer, info.n_expert, info.n_expert_used,
-                   overshoot=1 if info.recurrent else 0)
+        return cls(kinds, tuple(classes), tuple(layer_class), sources, info.n_layer, info.n_expert, info.n_expert_used)
 
-    def min_slots(self, tokens: int = 1, contexts: int = 1, one_sequence: bool = False) -> int:
+    def min_slots(self, tokens: int = 1, contexts: int = 1) -> int:
         """Slots of each class that `contexts` contexts pin at once, each computing a micro-batch
-        of `tokens` tokens (each pins its layer's union; a context of several sequences, unless
-        one_sequence, may hold `overshoot` tokens more)."""
-        extra = 0 if one_sequence else self.overshoot
-        return contexts * min(self.n_expert, self.top_k * (tokens + extra))
+        of `tokens` tokens (each pins its layer's union)."""
+        return contexts * min(self.n_expert, self.top_k * tokens)
 
     def min_bytes(self) -> int:
         """The smallest budget: every class holds one token's experts."""
@@ -191,15 +184,15 @@ class CacheLayout:
             return True, half
         return False, own
 
-    def micro_batch(self, n_slots: int, limit: int, contexts: int = 1, one_sequence: bool = False) -> int:
+    def micro_batch(self, n_slots: int, limit: int, contexts: int = 1) -> int:
         """The largest micro-batch (tokens per ubatch, at most limit) such that the worst-case
         unions of `contexts` contexts fit in n_slots (of the smallest class) together: no
-        context can then wait for a slot that another holds (one_sequence: contexts of one
-        sequence each, which never hold more than their micro-batch)."""
+        context can then wait for a slot that another holds (a ubatch holds at most n_ubatch
+        tokens: patch 0011 fixed the equal split's one sequence too many)."""
         share = n_slots // contexts
         if share >= self.n_expert:
             return limit
-        return max(1, min(limit, share // self.top_k - (0 if one_sequence else self.overshoot)))
+        return max(1, min(limit, share // self.top_k))
 
 
 def _stride(nbytes: int, keys: list[tuple[int, int]], sources: dict[tuple[int, int], int],

@@ -116,18 +116,19 @@ class LLMEngine:
         if self.device and self.device[1] != CPU_DEVICE:
             two_pass = False  # a GPU's mul_mat_id cannot leave rows out: patch 0008 computes one pass there
         if self.cache is None:
-            runner: Runner = BatchedRunner(self.model, n, cfg.n_threads, flash)
+            runner: Runner = BatchedRunner(self.model, n, cfg.n_threads, flash, kv_unified=cfg.kv_unified)
         elif self.scheduler.runner == "layers":
             runner = SelfBalancingRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash,
                                          wait_timeout_s=cfg.wait_timeout_s, lanes=cfg.lanes,
                                          split_factor=cfg.split_factor, lane_memo=self._lane_memo,
                                          two_pass=two_pass, pass_memo=self._pass_memo, runahead=cfg.runahead,
-                                         prefill_wave=cfg.prefill_wave, prefill_first=cfg.prefill_first)
+                                         prefill_wave=cfg.prefill_wave, prefill_first=cfg.prefill_first,
+                                         kv_unified=cfg.kv_unified)
         elif self.scheduler.runner == "contexts":
             runner = ContextRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash, two_pass=two_pass)
         else:
             runner = BatchedRunner(self.model, n, cfg.n_threads, flash, cache=self.cache,
-                                   prefetch=self.scheduler.prefetch, two_pass=two_pass)
+                                   prefetch=self.scheduler.prefetch, two_pass=two_pass, kv_unified=cfg.kv_unified)
         self.runner = runner
         return runner
 

@@ -179,7 +179,7 @@ class ExpertCache:
 
     def require_slots(self, contexts: int) -> None:
         """Refuse a cache too small for `contexts` contexts of one sequence each decoding one token each."""
-        need = self.layout.min_slots(1, contexts, one_sequence=True)
+        need = self.layout.min_slots(1, contexts)
         if self.min_class_slots < need:
             bytes_needed = sum(need * c.alloc_bytes for c in self.layout.classes)
             held = (f"{self.n_slots} experts" if len(self.class_slots) == 1 else

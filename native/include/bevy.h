@@ -40,6 +40,10 @@ typedef struct bevy_moe_call {
     int32_t         route_only;       // 1: a layer-range lookahead (llama_decode_layers): out is ignored
     int32_t         pass;             // 0: one pass; two passes (llama_moe_set_two_pass): 1: -1 in out for
                                       // an expert still loading; 2: -1 for every expert pass 1 computed
+    const int32_t * batch_rows;       // token t's row in the batch being decoded (with a KV stream per sequence
+                                      // llama.cpp runs a batch as ubatches in another order); NULL: not known
+    int32_t         n_batch_rows;     // rows in that batch
+    int32_t         batch_seq;        // changes with every batch (llama_decode, llama_decode_layers call)
 } bevy_moe_call;
 
 // The hook signature llama_set_moe_hook takes.
@@ -60,12 +64,13 @@ BEVY_API void                bevy_router_trace_free(bevy_router_trace * trace);
 // Returns -1 (failing the decode) when a layer or k does not match the trace.
 BEVY_API int32_t bevy_router_trace_hook(void * trace, const bevy_moe_call * call);
 
-// Rows (tokens) recorded so far for layer il; -1 for a bad layer.
-BEVY_API int64_t bevy_router_trace_rows(const bevy_router_trace * trace, int32_t il);
+// Rows (tokens) recorded so far for layer il, in batch order (each batch's rows in its own order,
+// however llama.cpp split it into ubatches); -1 for a bad layer.
+BEVY_API int64_t bevy_router_trace_rows(bevy_router_trace * trace, int32_t il);
 
 // Copies rows [first, first + n) of layer il into out (n*k ids). Returns rows copied, or -1.
 BEVY_API int64_t bevy_router_trace_read(
-        const bevy_router_trace * trace, int32_t il, int64_t first, int64_t n, int32_t * out);
+        bevy_router_trace * trace, int32_t il, int64_t first, int64_t n, int32_t * out);
 
 // Forgets every recorded row.
 BEVY_API void bevy_router_trace_clear(bevy_router_trace * trace);

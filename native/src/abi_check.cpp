@@ -22,4 +22,7 @@ BEVY_SAME_FIELD(router_in_stride);
 BEVY_SAME_FIELD(n_embd);
 BEVY_SAME_FIELD(route_only);
 BEVY_SAME_FIELD(pass);
+BEVY_SAME_FIELD(batch_rows);
+BEVY_SAME_FIELD(n_batch_rows);
+BEVY_SAME_FIELD(batch_seq);
 static_assert(sizeof(bevy_moe_call) == sizeof(llama_moe_hook_call), "bevy_moe_call size");

@@ -105,16 +105,27 @@ int64_t CacheHook::routed(const int32_t * row_ends, int32_t n_groups, int32_t * 
 }
 
 int32_t CacheHook::record_route(const bevy_moe_call * call) {
+    // rows by batch row: with a KV stream per sequence a call's ubatches come in another order,
+    // each with a lookahead of its own, and together they cover every row of the batch
     const int32_t k = call->n_expert_used;
-    routed_.resize((size_t) call->n_tokens * k);
+    const int32_t n_rows = call->batch_rows ? call->n_batch_rows : call->n_tokens;
+    if (!call->batch_rows || call->batch_seq != routed_seq_ || routed_k_ != k) {
+        routed_.assign((size_t) n_rows * k, -1);
+    }
     for (int32_t t = 0; t < call->n_tokens; ++t) {
+        const int32_t row = call->batch_rows ? call->batch_rows[t] : t;
+        if (row < 0 || row >= n_rows) {
+            error_ = "a lookahead token's batch row " + std::to_string(row) + " is outside the batch";
+            return -1;
+        }
         for (int32_t j = 0; j < k; ++j) {
-            routed_[(size_t) t * k + j] = call->ids[t * call->ids_stride + j];
-            call->out[t * k + j]        = 0;
+            routed_[(size_t) row * k + j] = call->ids[t * call->ids_stride + j];
+            call->out[t * k + j]          = 0;
         }
     }
-    routed_il_ = call->il;
-    routed_k_  = k;
+    routed_il_  = call->il;
+    routed_k_   = k;
+    routed_seq_ = call->batch_seq;
     return 0;
 }
 

@@ -70,10 +70,11 @@ private:
     int64_t              computing_since_ = 0;
 
     int32_t              count_from_ = 0;    // count hits and misses at layers from this one on
-    std::vector<int32_t> routed_;            // ids of the last route-only call, token-major
+    std::vector<int32_t> routed_;            // ids of the last route-only call, by batch row, token-major
     std::vector<uint8_t> seen_;              // scratch: expert flags
     int32_t              routed_il_ = -1;
     int32_t              routed_k_  = 0;
+    int32_t              routed_seq_ = -1;          // the batch (bevy_moe_call::batch_seq) routed_ holds
 
     bool                 prefetch_ = false;  // predict layer il + 1 from layer il's router input
     NextLayerPredictor   predictor_;

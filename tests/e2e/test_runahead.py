@@ -123,7 +123,7 @@ def test_runahead_below_its_minimum_is_refused(runahead_model: Path) -> None:
 
     proc = run_cli("run", runahead_model, "--workload", "text", "--requests", "8", "--parallel", "8",
                    "--scheduler", "bevy-ctx", "--expert-cache", "20%", check=False)
-    need = CacheLayout.of(inspect_model(runahead_model)).min_slots(1, 8, one_sequence=True)
+    need = CacheLayout.of(inspect_model(runahead_model)).min_slots(1, 8)
     assert proc.returncode != 0 and f"8 contexts need at least {need}" in proc.stderr
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bevy_gguf._native import libbevy as native
-from bevy_gguf._native.bevy_handles import Link
+from bevy_gguf._native.bevy_handles import Link, RouterTrace
 from bevy_gguf.config import LinkSpec
 from bevy_gguf.engine.cache_layout import CacheLayout
 from bevy_gguf.engine.expert_cache import ExpertCache
@@ -52,16 +52,28 @@ def cache4(qwen3_tiny: Path) -> ExpertCache:
         yield cache
 
 
-def call_hook(hook: object, il: int, ids: list[list[int]], route_only: bool, n_out_max: int = 4,
-              pass_: int = 0) -> tuple[int, list]:
-    """Call the hook body as the patched graph does: rows of k selected ids at layer il (pass_:
-    0 one pass, 1 and 2 the two passes of patch 0004)."""
+def moe_call(ids: list[list[int]], il: int, route_only: bool = False, n_out_max: int = 4, pass_: int = 0,
+             batch_rows: list[int] | None = None, n_batch_rows: int = 0, batch_seq: int = 0
+             ) -> tuple[native.BevyMoeCall, ctypes.Array]:
+    """A bevy_moe_call as the patched graph makes one: rows of k selected ids at layer il (pass_:
+    0 one pass, 1 and 2 the two passes of patch 0004; batch_rows: each row's place in its batch,
+    patch 0011), and the out array it points at."""
     k = len(ids[0])
     flat = (ctypes.c_int32 * (len(ids) * k))(*(e for row in ids for e in row))
     out = (ctypes.c_int32 * (len(ids) * k))()
+    rows = (ctypes.c_int32 * len(batch_rows))(*batch_rows) if batch_rows is not None else None
     call = native.BevyMoeCall(il=il, n_expert=8, n_expert_used=k, n_tokens=len(ids), ids=flat, ids_stride=k,
                               out=out, n_out_max=n_out_max, router_in=None, router_in_stride=0, n_embd=0,
-                              route_only=int(route_only), **{"pass": pass_})
+                              route_only=int(route_only), batch_rows=rows, n_batch_rows=n_batch_rows,
+                              batch_seq=batch_seq, **{"pass": pass_})
+    call._keep = (flat, rows)  # the arrays live as long as the call
+    return call, out
+
+
+def call_hook(hook: object, il: int, ids: list[list[int]], route_only: bool, n_out_max: int = 4,
+              pass_: int = 0, **batch: object) -> tuple[int, list]:
+    """Call the hook body as the patched graph does (see moe_call)."""
+    call, out = moe_call(ids, il, route_only, n_out_max, pass_, **batch)
     rc = native.bevy_hook_fn(hook.user_data, ctypes.byref(call))
     return rc, list(out)
 
@@ -75,6 +87,34 @@ def test_routed_gives_each_group_its_distinct_experts_sorted(cache4: ExpertCache
     with pytest.raises(Exception, match="lookahead"):
         hook.routed([5], k=2)  # more rows than the call had
     assert cache4.pinned() == 0  # a route-only call pins nothing
+
+
+def test_routed_rows_come_in_batch_order_however_the_ubatches_came(cache4: ExpertCache) -> None:
+    # a batch of 4 rows over a KV stream per sequence, run as ubatches of rows [2, 3] then [0, 1]
+    hook = cache4.native.new_hook()
+    assert call_hook(hook, 1, [[3, 3], [0, 6]], True, batch_rows=[2, 3], n_batch_rows=4, batch_seq=7)[0] == 0
+    with pytest.raises(Exception, match="lookahead"):
+        hook.routed([4], k=2)  # rows 0 and 1 not routed yet
+    assert call_hook(hook, 1, [[5, 2], [2, 7]], True, batch_rows=[0, 1], n_batch_rows=4, batch_seq=7)[0] == 0
+    assert hook.routed([2, 3, 4], k=2) == (1, [(2, 5, 7), (3,), (0, 6)])
+    # the next batch starts afresh; a row outside its batch fails the call
+    assert call_hook(hook, 1, [[1, 4]], True, batch_rows=[0], n_batch_rows=1, batch_seq=8)[0] == 0
+    assert hook.routed([1], k=2) == (1, [(1, 4)])
+    rc, _ = call_hook(hook, 1, [[1, 4]], True, batch_rows=[1], n_batch_rows=1, batch_seq=9)
+    assert rc == -1 and "outside the batch" in hook.last_error()
+
+
+def test_router_trace_keeps_batch_order_across_ubatches() -> None:
+    trace = RouterTrace(n_layer=2, k=2)
+    try:
+        for ids, rows, seq in (([[4, 5]], None, 0), ([[6, 7], [0, 1]], [1, 2], 1), ([[2, 3]], [0], 1),
+                               ([[1, 1]], [0], 2)):
+            call, _ = moe_call(ids, 0, batch_rows=rows, n_batch_rows=3, batch_seq=seq)
+            assert native.bevy_router_trace_hook(trace.user_data, ctypes.byref(call)) == 0
+        assert trace.read(0).tolist() == [[4, 5], [2, 3], [6, 7], [0, 1], [1, 1]]
+        assert trace.rows(1) == 0
+    finally:
+        trace.close()
 
 
 def test_a_bad_expert_id_fails_the_call_and_leaves_no_trace(cache4: ExpertCache) -> None:

@@ -77,18 +77,17 @@ def test_the_minimum_is_one_tokens_experts_in_every_class() -> None:
     assert slots[1] == 4 and sum(n * c.bytes for n, c in zip(slots, big.classes)) <= int(0.1 * big.expert_bytes)
 
 
-def test_with_recurrent_layers_a_graph_may_hold_one_token_more() -> None:
-    """llama.cpp splits a batch of a model with recurrent layers by sequence and takes n_ubatch + 1
-    sequences of a token each: the minimum is two tokens' experts, and a micro-batch leaves room
-    for the extra token (measured: qwen35moe at one token's slots failed its decode)."""
+def test_recurrent_layers_need_no_more_slots() -> None:
+    """Patch 0011 fixed llama.cpp's equal split (a batch split by sequence, as a model with
+    recurrent layers or a KV stream per sequence has it) taking n_ubatch + 1 sequences: a graph
+    holds at most its micro-batch, recurrent layers or not (the e2e runs at the minimum cache
+    decode every arch through that split)."""
     plain, recurrent = CacheLayout.of(info([144, 144])), CacheLayout.of(info([144, 144], recurrent=True))
-    assert (plain.min_slots(1), recurrent.min_slots(1)) == (2, 4)
-    assert (plain.micro_batch(8, 64), recurrent.micro_batch(8, 64)) == (4, 3)
+    assert (plain.min_slots(1), recurrent.min_slots(1)) == (2, 2)
+    assert (plain.micro_batch(8, 64), recurrent.micro_batch(8, 64)) == (4, 4)
     assert recurrent.micro_batch(recurrent.min_slots(1), 64) == 1
     assert recurrent.micro_batch(16, 64) == 64  # every expert fits: no bound
-    # bevy-ctx's contexts hold one sequence each: a split by sequence never adds one
-    assert recurrent.min_slots(1, 8, one_sequence=True) == plain.min_slots(1, 8) == 16
-    assert recurrent.micro_batch(8, 64, one_sequence=True) == 4
+    assert recurrent.min_slots(1, 8) == plain.min_slots(1, 8) == 16
 
 
 def test_a_layer_missing_a_kind_is_refused() -> None:

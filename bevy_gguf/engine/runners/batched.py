@@ -22,15 +22,16 @@ from bevy_gguf.errors import BevyError
 
 
 def context_params(requests: list[Request], n_parallel: int, n_threads: int,
-                   micro_batch: int | None = None, flash_attn_type: int = -1) -> ContextParams:
+                   micro_batch: int | None = None, flash_attn_type: int = -1,
+                   kv_unified: bool = False) -> ContextParams:
     """A context that fits any n_parallel of the requests at once; graphs of at most
-    micro_batch tokens (None: a whole batch per graph)."""
+    micro_batch tokens (None: a whole batch per graph); one KV stream, or one per sequence."""
     longest = max(len(r.prompt_tokens) + r.n_steps + 1 + MULTIBYTE_SLACK for r in requests)
     prompts = sorted((len(r.prompt_tokens) for r in requests), reverse=True)
     n_batch = max(sum(prompts[:n_parallel]), n_parallel, 32)
     n_ubatch = min(micro_batch, n_batch) if micro_batch else None
     return ContextParams(n_ctx=n_parallel * longest, n_batch=n_batch, n_seq_max=n_parallel, n_threads=n_threads,
-                         n_ubatch=n_ubatch, flash_attn_type=flash_attn_type)
+                         n_ubatch=n_ubatch, flash_attn_type=flash_attn_type, kv_unified=kv_unified)
 
 
 class BatchedRunner:
@@ -40,11 +41,13 @@ class BatchedRunner:
 
     def __init__(self, model: Model, n_parallel: int, n_threads: int, flash_attn_type: int = -1,
                  cache: ExpertCache | None = None, prefetch: bool = False,
-                 on_context: Callable[[Context], None] | None = None, two_pass: bool = False) -> None:
+                 on_context: Callable[[Context], None] | None = None, two_pass: bool = False,
+                 kv_unified: bool = False) -> None:
         self.model = model
         self.n_parallel = n_parallel
         self.n_threads = n_threads
         self.flash_attn_type = flash_attn_type
+        self.kv_unified = kv_unified  # one KV stream for every sequence (llama.cpp's -kvu), or one each
         self.cache = cache
         self.prefetch = prefetch
         self.on_context = on_context  # e.g. installs a router trace on the new context
@@ -67,7 +70,7 @@ class BatchedRunner:
             return RunStats()
         limit = max(len(r.prompt_tokens) for r in requests) * self.n_parallel
         params = context_params(requests, self.n_parallel, self.n_threads, self._micro_batch(limit),
-                                self.flash_attn_type)
+                                self.flash_attn_type, self.kv_unified)
         return self.serve(FixedSource(requests), params)
 
     def serving_params(self, ctx_per_seq: int) -> ContextParams:
@@ -75,7 +78,7 @@ class BatchedRunner:
         micro_batch = self._micro_batch(ctx_per_seq * self.n_parallel)
         return ContextParams(n_ctx=self.n_parallel * ctx_per_seq, n_batch=ctx_per_seq, n_seq_max=self.n_parallel,
                              n_threads=self.n_threads, n_ubatch=min(micro_batch or ctx_per_seq, ctx_per_seq),
-                             flash_attn_type=self.flash_attn_type)
+                             flash_attn_type=self.flash_attn_type, kv_unified=self.kv_unified)
 
     def serve(self, source: RequestSource, params: ContextParams) -> RunStats:
         """Decode what source gives, as it comes (continuous batching), until it runs dry."""
@@ -124,6 +127,9 @@ class BatchedRunner:
             running = self._retire(ctx, requests, running, free)
             if not running:
                 continue
+            # in sequence order, as llama-server's slots: llama.cpp splits a batch over a KV stream per
+            # sequence into one ubatch per run of consecutive sequence ids
+            running.sort(key=lambda i: requests[i].seq)
             rows = [(i, requests[i].next_input(), requests[i].n_past) for i in running]
             before = self.cache.counters() if self.cache else {}
             t = time.perf_counter()

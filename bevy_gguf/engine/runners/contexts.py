@@ -44,7 +44,7 @@ class ContextRunner:
         n_ctx = min(self.n_parallel, len(requests))
         limit = max(len(r.prompt_tokens) for r in requests)
         micro_batch = self.micro_batch = self.cache.layout.micro_batch(self.cache.min_class_slots, limit,
-                                                                          contexts=n_ctx, one_sequence=True)
+                                                                          contexts=n_ctx)
         # sized like the stock reference's single context (`--engine stock --parallel 1`)
         params = context_params(requests, 1, self.threads_per_context, micro_batch, self.flash_attn_type)
         return self.serve(FixedSource(requests), params, n_ctx, barrier=len(requests) <= n_ctx)
@@ -52,7 +52,7 @@ class ContextRunner:
     def serving_params(self, ctx_per_seq: int) -> ContextParams:
         """Each context's, for a live queue: one sequence of ctx_per_seq tokens."""
         self.micro_batch = self.cache.layout.micro_batch(self.cache.min_class_slots, ctx_per_seq,
-                                                           contexts=self.n_parallel, one_sequence=True)
+                                                           contexts=self.n_parallel)
         return ContextParams(n_ctx=ctx_per_seq, n_batch=ctx_per_seq, n_seq_max=1, n_threads=self.threads_per_context,
                              n_ubatch=min(self.micro_batch, ctx_per_seq), flash_attn_type=self.flash_attn_type)
 

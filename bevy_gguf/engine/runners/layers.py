@@ -73,12 +73,13 @@ class SelfBalancingRunner:
                  merge_misses: float | None = None, lanes: int = 1, split_factor: float = 1.0,
                  lane_memo: dict[tuple[int, int], int] | None = None, two_pass: bool = True,
                  pass_memo: dict[tuple[int, int], StepCosts | None] | None = None, runahead: str = DEFAULT_RUNAHEAD,
-                 prefill_wave: int = 16, prefill_first: bool = False) -> None:
+                 prefill_wave: int = 16, prefill_first: bool = False, kv_unified: bool = False) -> None:
         self.model = model
         self.cache = cache
         self.n_parallel = n_parallel
         self.n_threads = n_threads
         self.flash_attn_type = flash_attn_type
+        self.kv_unified = kv_unified  # one KV stream for every sequence (llama.cpp's -kvu), or one each
         self.wait_timeout_s = wait_timeout_s
         self.on_step = on_step  # called by each lane before each plan (tests cancel requests from it)
         # see plan.PolicyParams; default: flights up to one token ahead of the front get loads
@@ -127,13 +128,15 @@ class SelfBalancingRunner:
         if not requests:
             return RunStats()
         n_seq = min(self.n_parallel, len(requests))
-        params = context_params(requests, n_seq, self.n_threads, flash_attn_type=self.flash_attn_type)
+        params = context_params(requests, n_seq, self.n_threads, flash_attn_type=self.flash_attn_type,
+                                kv_unified=self.kv_unified)
         return self.serve(FixedSource(requests), params, hold_decode=len(requests) <= n_seq)
 
     def serving_params(self, ctx_per_seq: int) -> ContextParams:
         """A context for a live queue: n_parallel sequences of ctx_per_seq tokens (split into lanes)."""
         return ContextParams(n_ctx=self.n_parallel * ctx_per_seq, n_batch=ctx_per_seq, n_seq_max=self.n_parallel,
-                             n_threads=self.n_threads, flash_attn_type=self.flash_attn_type)
+                             n_threads=self.n_threads, flash_attn_type=self.flash_attn_type,
+                             kv_unified=self.kv_unified)
 
     def serve(self, source: RequestSource, params: ContextParams, hold_decode: bool = False) -> RunStats:
         """Decode what source gives, as it comes (params.n_seq_max in flight at most); with
@@ -598,7 +601,9 @@ class _Lane:
               runnable: int, t0: float, stats: RunStats) -> None:
         self._waiting_since = None
         self._call_s = 0.0
-        members = [flights[i] for i in group.members]
+        # in sequence order: llama.cpp splits a call over a KV stream per sequence into one ubatch per
+        # run of consecutive sequence ids (stable: a prompt's chunks keep their order)
+        members = sorted((flights[i] for i in group.members), key=lambda f: f.seq)
         n_layer = self.model.n_layer
         costs = self._merge_costs(members)
         end = self._range_end(group, members, runnable, costs)
