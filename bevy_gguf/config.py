@@ -151,6 +151,8 @@ class EngineConfig:
                                          # the threads (0: one, or one per thread, as measured at start)
     split_factor: float = 1.0            # bevy: a group waits for a flight whose loads land within this many
                                          # times its predicted compute (0: run whatever is ready)
+    load_budget: float = 1.0             # bevy: distinct experts the flights past the front may have loading or
+                                         # held, in expected unions of one batched layer visit (0: the cache)
     two_pass: str = "auto"               # auto | on | off: a MoE layer computes its loaded experts while the
                                          # others load (auto: bevy and bevy-ctx; blocking and prefetch stand
                                          # for llama.cpp's stall on a missing expert)
@@ -214,6 +216,8 @@ class EngineConfig:
             raise BevyError(f"runahead {self.runahead!r}: choose one of {', '.join(RUNAHEAD)}")
         if not isinstance(self.split_factor, (int, float)) or self.split_factor < 0:
             raise BevyError(f"split_factor must be a number of at least 0, got {self.split_factor!r}")
+        if not isinstance(self.load_budget, (int, float)) or self.load_budget < 0:
+            raise BevyError(f"load_budget must be a number of at least 0, got {self.load_budget!r}")
         if not self.wait_timeout_s > 0:
             raise BevyError(f"the wait timeout must be positive, got {self.wait_timeout_s!r} s")
         parse_cache_size(self.expert_cache, 1 << 40)  # the syntax; the size needs the model

@@ -19,6 +19,7 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "two-pass": ("two_pass", str),
     "runahead": ("runahead", str),
     "split-factor": ("split_factor", float),
+    "load-budget": ("load_budget", float),
     "lanes": ("lanes", int),
     "eviction": ("eviction", str),
     "prefill-wave": ("prefill_wave", int),
@@ -77,5 +78,5 @@ def _check(name: str, key: str, value: Any) -> None:
         raise BevyError(f"{name}: {key}={value}: choose on or off")
     if key == "prefill-wave" and value < 1:
         raise BevyError(f"{name}: prefill-wave must be at least 1, got {value}")
-    if key in ("split-factor", "lanes") and value < 0:
+    if key in ("split-factor", "load-budget", "lanes") and value < 0:
         raise BevyError(f"{name}: {key} must be at least 0, got {value}")

@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from bevy_gguf.bench.variants import OPTIONS as VARIANT_OPTIONS
 from bevy_gguf.config import (
     DEFAULT_RUNAHEAD,
     ENGINES,
@@ -115,6 +116,7 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
                   flash_attn=args.flash_attn, expert_cache=args.expert_cache, link=args.link,
                   eviction=args.eviction, link_workers=args.link_workers, wait_timeout_s=args.wait_timeout,
                   lanes=getattr(args, "lanes", 0), split_factor=getattr(args, "split_factor", 1.0),
+                  load_budget=getattr(args, "load_budget", 1.0),
                   two_pass=getattr(args, "two_pass", "auto"),
                   runahead=getattr(args, "runahead", DEFAULT_RUNAHEAD), prefill_wave=getattr(args, "prefill_wave", 16),
                   prefill_first=getattr(args, "prefill_first", False),
@@ -341,6 +343,10 @@ def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: b
     p.add_argument("--split-factor", type=float, default=1.0, metavar="X",
                    help="bevy: a group waits for a request whose experts land within X times the group's "
                         "compute, as the cost model measured on this machine predicts (0: run whatever is ready)")
+    p.add_argument("--load-budget", type=float, default=1.0, metavar="X",
+                   help="bevy: requests that run ahead of the most lagging ones may have at most X times the "
+                        "experts of one batched layer loading or held (0: up to the cache; blocking loads one "
+                        "batched layer's at a time)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -407,9 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"comma-separated (default, serve: {BENCH_SYSTEMS['serve']}; text and generate: "
                          f"{BENCH_SYSTEMS['text']}); llama-server, llama-server-offload and bevy-server are servers "
                          "driven over HTTP by one client (serve only); a variant NAME:option=value[:...] (options "
-                         "two-pass, runahead, split-factor, lanes, eviction, prefill-wave, prefill-first) runs beside "
-                         "its base system "
-                         "for an in-run A/B, e.g. bevy:two-pass=off")
+                         f"{', '.join(VARIANT_OPTIONS)}) runs beside its base system for an in-run A/B, "
+                         "e.g. bevy:two-pass=off")
     be.add_argument("--link", default="file")
     be.add_argument("--eviction", choices=EVICTIONS, default="next-use")
     be.add_argument("--repeats", type=positive("--repeats"), default=3)

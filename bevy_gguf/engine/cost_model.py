@@ -5,9 +5,15 @@ gate) is modelled as
 
     seconds = fixed + per_layer * layers + per_token_layer * tokens * layers
               + per_expert * experts + per_context_layer * context * layers
+              + per_two_pass_layer * two_pass_layers
 
-with `experts` the distinct experts its layers read (summed over them) and `context` the
-positions its tokens attend to. Every weight is a cost, so none is negative: the fit is a
+with `experts` the distinct experts its layers read (summed over them), `context` the
+positions its tokens attend to, and `two_pass_layers` its MoE layers computed in two passes
+(patch 0004). The last is what a second pass costs where it runs for real: the start-up
+calibration times it with every expert resident, so its second pass has nothing to compute,
+and it read 33 us a layer where the calls with real second passes computed about 470 us a
+layer more (default model, 90% cache, 2 threads: bevy with two passes where they paid by the
+calibration 0.87x blocking, with one pass 0.98x). Every weight is a cost, so none is negative: the fit is a
 non-negative least squares (Lawson-Hanson) on the calls seen, older calls forgotten
 exponentially, so it follows the machine (its speed, its other load) as it runs. In decode the
 features move together (experts and context grow with tokens x layers); an unconstrained fit
@@ -22,9 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FEATURES = ("fixed", "per_layer", "per_token_layer", "per_expert", "per_context_layer")
+FEATURES = ("fixed", "per_layer", "per_token_layer", "per_expert", "per_context_layer", "per_two_pass_layer")
 # features are scaled to be of the same order for the fit: context in thousands of positions
-_SCALE = np.array([1.0, 1.0, 1.0, 1.0, 1e-3])
+_SCALE = np.array([1.0, 1.0, 1.0, 1.0, 1e-3, 1.0])
+MIN_PASS_KINDS = 4  # calls of each kind (with and without second passes) before their difference is fitted
 FORGETTING = 0.995       # per observation: the fit's memory is about 200 calls
 MIN_OBSERVATIONS = 8     # before that, predictions use the mean time per token-layer seen
 REFIT_EVERY = 16         # observations between two solves once the fit has settled (a solve: ~0.1 ms)
@@ -39,10 +46,11 @@ class CallShape:
     tokens: int
     experts: int  # distinct experts read, summed over its layers
     context: int  # positions its tokens attend to, summed over its tokens
+    two_pass_layers: int = 0  # its MoE layers computed in two passes
 
     def features(self) -> np.ndarray:
         return _SCALE * np.array([1.0, self.layers, self.tokens * self.layers, self.experts,
-                                  self.context * self.layers])
+                                  self.context * self.layers, self.two_pass_layers])
 
 
 def nnls_gram(gram: np.ndarray, rhs: np.ndarray, start: np.ndarray | None = None,
@@ -92,6 +100,7 @@ class CallCostModel:
         self._fitted_n = 0
         self._token_layers = 0.0  # for the early fallback
         self._seconds = 0.0
+        self._pass_kinds = [0, 0]  # calls seen without and with second passes
 
     def observe(self, shape: CallShape, seconds: float) -> None:
         """One call of this shape computed for this long."""
@@ -101,6 +110,7 @@ class CallCostModel:
         self._gram = self.forgetting * self._gram + np.outer(x, x)
         self._rhs = self.forgetting * self._rhs + x * seconds
         self.n += 1
+        self._pass_kinds[shape.two_pass_layers > 0] += 1
         self._token_layers += shape.tokens * shape.layers
         self._seconds += seconds
 
@@ -128,10 +138,19 @@ class CallCostModel:
         w = self._fit()
         return float(w[0] + w[1])
 
-    def as_dict(self) -> dict[str, float | int]:
-        """The fitted weights in seconds per unit (context per position), and the calls seen."""
+    def two_pass_overhead(self) -> float | None:
+        """What computing a MoE layer in two passes adds to a call, as fitted on this lane's calls
+        (None: not enough calls of both kinds to tell it from the rest)."""
+        if self.n < MIN_OBSERVATIONS or min(self._pass_kinds) < MIN_PASS_KINDS:
+            return None
+        return float(self._fit()[-1] * _SCALE[-1])
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        """The fitted weights in seconds per unit (context per position), the calls seen, and the
+        second pass's cost where calls of both kinds tell it (None: not yet)."""
         w = self._fit() if self.n >= MIN_OBSERVATIONS else self.w
-        return {name: float(v * s) for name, v, s in zip(FEATURES, w, _SCALE)} | {"calls": self.n}
+        return {name: float(v * s) for name, v, s in zip(FEATURES, w, _SCALE)} | {
+            "calls": self.n, "two_pass_overhead": self.two_pass_overhead()}
 
 
 class LinkTimePerLoad:

@@ -120,7 +120,8 @@ class LLMEngine:
         elif self.scheduler.runner == "layers":
             runner = SelfBalancingRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash,
                                          wait_timeout_s=cfg.wait_timeout_s, lanes=cfg.lanes,
-                                         split_factor=cfg.split_factor, lane_memo=self._lane_memo,
+                                         split_factor=cfg.split_factor, load_budget=cfg.load_budget,
+                                         lane_memo=self._lane_memo,
                                          two_pass=two_pass, pass_memo=self._pass_memo, runahead=cfg.runahead,
                                          prefill_wave=cfg.prefill_wave, prefill_first=cfg.prefill_first,
                                          kv_unified=cfg.kv_unified)

@@ -105,3 +105,20 @@ def test_link_time_per_load_follows_the_loads_as_they_came() -> None:
     # one lone load of 3 ms moves it half way; two queued ones of 0.5 ms each, three quarters
     assert t.update(7_000_000, 5) == pytest.approx(2e-3)
     assert t.update(8_000_000, 7) == pytest.approx(2e-3 + 0.75 * (0.5e-3 - 2e-3))
+
+
+def test_a_second_pass_costs_what_calls_with_and_without_one_computed() -> None:
+    # whole-step calls of 8 MoE layers, some in two passes: a second pass adds 0.5 ms a layer
+    rng = random.Random(1)
+    model = CallCostModel()
+    for i in range(3):  # calls of one kind only: its cost cannot be told from the per-layer cost
+        s = CallShape(8, 8, experts=8 * 30, context=8 * 100 * (i + 1), two_pass_layers=8)
+        model.observe(s, true_seconds(s) + 8 * 5e-4)
+    assert model.two_pass_overhead() is None and model.as_dict()["two_pass_overhead"] is None
+    for i in range(60):
+        two = i % 3 == 0
+        s = CallShape(8, 8, experts=8 * rng.randint(25, 35), context=8 * rng.randint(100, 400),
+                      two_pass_layers=8 if two else 0)
+        model.observe(s, true_seconds(s) + (8 * 5e-4 if two else 0.0))
+    assert model.two_pass_overhead() == pytest.approx(5e-4, rel=0.05)
+    assert model.as_dict()["per_two_pass_layer"] == pytest.approx(5e-4, rel=0.05)

@@ -88,6 +88,38 @@ def test_loads_go_to_the_front_within_the_cache() -> None:
     assert admit_loads(flights, wider) == [0, 2, 1]
 
 
+def test_past_the_front_loads_stay_within_the_budget() -> None:
+    # the front (step 1, layer 1) is blocking's batch: admitted whatever the budget; the flights
+    # that ran ahead get loads lagging first while the union stays within the budget
+    flights = [flight(0, 1, progress=1, experts=(1, 2, 3)), flight(1, 1, progress=1, experts=(3, 4)),
+               flight(2, 2, progress=1, experts=(5,)), flight(3, 3, progress=1, experts=(6, 7)),
+               flight(4, 0, progress=2, experts=(8,))]
+    params = PolicyParams(n_layer=4, max_tokens=64, max_experts=16, load_window=5)
+    assert admit_loads(flights, params) == [0, 1, 2, 3, 4]  # no budget: the cache
+    assert admit_loads(flights, params, budget=2) == [0, 1]  # the front's 4 alone are over it
+    assert admit_loads(flights, params, budget=5) == [0, 1, 2]  # + flight 2's one; flight 3's two would be 7
+    assert admit_loads(flights, params, budget=6) == [0, 1, 2, 4]  # flight 3 skipped, flight 4's one fits
+    assert admit_loads(flights, params, budget=8) == [0, 1, 2, 3, 4]
+    tight = PolicyParams(n_layer=4, max_tokens=64, max_experts=5, load_window=5)
+    assert admit_loads(flights, tight, budget=100) == [0, 1, 2]  # the cache bounds the budget
+
+
+def test_the_lane_budgets_one_batched_visit_of_its_started_flights() -> None:
+    from types import SimpleNamespace
+
+    from bevy_gguf.engine.runners.layers import _Lane
+
+    def lane(budget: float) -> SimpleNamespace:
+        return SimpleNamespace(runner=SimpleNamespace(load_budget=budget),
+                               cache=SimpleNamespace(layout=SimpleNamespace(top_k=8)), _distinct_share=0.5)
+
+    # 7 started tokens (a 4-token chunk and 3 decode tokens) x top-8 x half of them distinct; a new block counts not
+    flights = [flight(0, 1, tokens=4, prefill=True), flight(1, 1), flight(2, 2), flight(3, 3), flight(4, FIRST)]
+    assert _Lane._load_budget(lane(1.0), flights) == 28
+    assert _Lane._load_budget(lane(2.0), flights) == 56
+    assert _Lane._load_budget(lane(0.0), flights) is None  # no budget: up to the cache
+
+
 def test_lanes_as_asked_at_most_one_per_thread_while_the_cache_serves_each_its_calls_and_reservations() -> None:
     from types import SimpleNamespace
 

@@ -71,6 +71,7 @@ class SelfBalancingRunner:
                  flash_attn_type: int = -1, wait_timeout_s: float = 300.0,
                  on_step: Callable[[int, list[Flight]], None] | None = None, load_window: int | None = None,
                  merge_misses: float | None = None, lanes: int = 1, split_factor: float = 1.0,
+                 load_budget: float = 1.0,
                  lane_memo: dict[tuple[int, int], int] | None = None, two_pass: bool = True,
                  pass_memo: dict[tuple[int, int], StepCosts | None] | None = None, runahead: str = DEFAULT_RUNAHEAD,
                  prefill_wave: int = 16, prefill_first: bool = False, kv_unified: bool = False) -> None:
@@ -94,6 +95,7 @@ class SelfBalancingRunner:
         self.lanes_used: int | None = None  # as the last serve ran
         self.micro_batch: int | None = None  # tokens per call, once the lanes are made
         self.split_factor = split_factor  # see plan.PolicyParams (0: run whatever is ready)
+        self.load_budget = load_budget  # see _Lane._load_budget (0: no budget past the front)
         self.cost_models: list[CallCostModel] = []  # one per lane, as the last serve made them
         self.two_pass = two_pass  # see ExpertCache.attach (and plan.PolicyParams.two_pass)
         # (sequences, threads) -> what a second pass and a load beside a call cost (calibrate.time_step_costs)
@@ -487,7 +489,7 @@ class _Lane:
     def _refresh(self, flights: list[Flight]) -> int:
         """Reserve what the admitted flights need, start their loads, and mark who is ready
         (one libbevy call, bevy_cache_refresh); returns the cache's version before it."""
-        admitted = admit_loads(flights, self.policy)
+        admitted = admit_loads(flights, self.policy, self._load_budget(flights))
         rest = [i for i, f in enumerate(flights) if f.layer != FIRST and i not in admitted]
         order = admitted + rest  # loads start lagging first
         buf = self._flights
@@ -502,6 +504,20 @@ class _Lane:
             f.held = f.held and not f.ready
             f.counted = True
         return buf.pass_.version
+
+    def _load_budget(self, flights: list[Flight]) -> int | None:
+        """Distinct experts that the flights past the front may have loading or held (plan.admit_loads):
+        load_budget times the expected union of one batched visit of every started flight at one
+        layer (their tokens x top_k x the lane's distinct share), which is what blocking loads and
+        pins at a time. Uncapped by a layer's experts: a prompt wave's chunks ahead of the front
+        need the next layer's, which load while the chunks behind compute (plan.py); decode
+        tokens alone get a fraction of a layer. None: no budget (load_budget 0)."""
+        if self.runner.load_budget <= 0:
+            return None
+        layout = self.cache.layout
+        tokens = sum(len(f.tokens) for f in flights if f.layer != FIRST)
+        union = tokens * layout.top_k * self._distinct_share
+        return max(1, math.ceil(self.runner.load_budget * union))
 
     def _group_cost(self, members: list[Flight]) -> float | None:
         """The compute seconds this lane's cost model predicts for a one-layer call of members."""
@@ -550,12 +566,21 @@ class _Lane:
         if not self.runner.two_pass:
             return
         unknown = range(0 if group.layer == FIRST else group.layer + 1, il_end)
-        want = two_pass_pays(unknown, self.miss_rate, costs, self.runner.pass_overhead_s,
+        want = two_pass_pays(unknown, self.miss_rate, costs, self._pass_overhead_s(),
                              loading=any(not f.ready for f in members))
         if want != self._two_pass_on:  # the next graph is built with (or without) the second passes
             llama_ext.set_two_pass(ctx.lib, ctx.ptr, want)
             self._two_pass_on = want
         self.two_pass_calls += want
+
+    def _pass_overhead_s(self) -> float | None:
+        """What a second pass costs a MoE layer: the start-up calibration's (every expert resident,
+        so its second pass computes nothing), or what this lane's calls with real second passes
+        computed more (cost_model.CallCostModel.two_pass_overhead), whichever is larger. None:
+        not calibrated (two passes throughout)."""
+        calibrated = self.runner.pass_overhead_s
+        fitted = self.cost_model.two_pass_overhead()
+        return calibrated if calibrated is None or fitted is None else max(calibrated, fitted)
 
     def _update_miss_rates(self) -> None:
         """Per layer, a moving average of the fraction of lookups that missed, weighted per
@@ -632,8 +657,10 @@ class _Lane:
         else:
             self.runahead.exclude(time.perf_counter() - start_t)
         context = sum(pos + 1 for _, pos, _, _ in rows)
+        two_pass_layers = sum(il not in self.policy.dense for il in range(il_begin, il_end)) if self._two_pass_on else 0
         self.cost_model.observe(CallShape(layers=il_end - il_begin, tokens=len(rows), experts=used_experts,
-                                          context=context), time.perf_counter() - call_t - waited_s)
+                                          context=context, two_pass_layers=two_pass_layers),
+                                time.perf_counter() - call_t - waited_s)
         if all(f.prefill for f in members):
             stats.prefill_s += elapsed
         if not final:
