@@ -22,6 +22,7 @@ FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # LLAMA_FLASH_ATTN_TYPE_*
 LOAD_MODES = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}
 TWO_PASS = ("auto", "on", "off")
 RUNAHEAD = ("auto", "on", "off")
+PREFILL_FIRST = ("auto", "on", "off")
 # off: in a steady serving stream runahead loaded 1.5x blocking's bytes and auto's epochs, which
 # credit runahead with work the epochs after it pay for, ran it a third of the time (docs/architecture.md)
 DEFAULT_RUNAHEAD = "off"
@@ -160,8 +161,9 @@ class EngineConfig:
                                          # on or off, whichever decodes faster, measured as it runs)
     prefill_wave: int = 16               # bevy: prompt chunks that prefill together, layer-major (their layers'
                                          # experts load once for the wave; 1: chunk after chunk)
-    prefill_first: bool = False          # bevy: a prompt's last wave runs before the decode tokens that wait to
-                                         # start a step (blocking's and llama-server's order; off: they ride with it)
+    prefill_first: str = "auto"          # bevy: a prompt's last wave runs before the decode tokens that wait to
+                                         # start a step (on: blocking's and llama-server's order; off: they ride
+                                         # with it; auto: first while they would miss under one expert a step)
     kv_unified: bool = False             # llama.cpp's -kvu: one KV stream every sequence attends over under a
                                          # mask; off (llama-server's default): a stream per sequence
     repack: bool = True                  # llama.cpp's weight repacking (-nr/--no-repack: off): stock copies
@@ -210,8 +212,8 @@ class EngineConfig:
             raise BevyError(f"two_pass {self.two_pass!r}: choose one of {', '.join(TWO_PASS)}")
         if not isinstance(self.kv_unified, bool):
             raise BevyError(f"kv_unified must be true or false, got {self.kv_unified!r}")
-        if not isinstance(self.prefill_first, bool):
-            raise BevyError(f"prefill_first must be true or false, got {self.prefill_first!r}")
+        if self.prefill_first not in PREFILL_FIRST:
+            raise BevyError(f"prefill_first {self.prefill_first!r}: choose one of {', '.join(PREFILL_FIRST)}")
         if self.runahead not in RUNAHEAD:
             raise BevyError(f"runahead {self.runahead!r}: choose one of {', '.join(RUNAHEAD)}")
         if not isinstance(self.split_factor, (int, float)) or self.split_factor < 0:

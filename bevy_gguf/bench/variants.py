@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bevy_gguf.config import EVICTIONS, RUNAHEAD, TWO_PASS
+from bevy_gguf.config import EVICTIONS, PREFILL_FIRST, RUNAHEAD, TWO_PASS
 from bevy_gguf.errors import BevyError
 
 # option name in a variant -> (spec key, how its value is read)
@@ -74,7 +74,9 @@ def _check(name: str, key: str, value: Any) -> None:
         raise BevyError(f"{name}: runahead={value}: choose one of {', '.join(RUNAHEAD)}")
     if key == "eviction" and value not in EVICTIONS:
         raise BevyError(f"{name}: eviction={value}: choose one of {', '.join(EVICTIONS)}")
-    if key in ("prefill-first", "kv-unified") and value not in ("on", "off"):
+    if key == "prefill-first" and value not in PREFILL_FIRST:
+        raise BevyError(f"{name}: prefill-first={value}: choose one of {', '.join(PREFILL_FIRST)}")
+    if key == "kv-unified" and value not in ("on", "off"):
         raise BevyError(f"{name}: {key}={value}: choose on or off")
     if key == "prefill-wave" and value < 1:
         raise BevyError(f"{name}: prefill-wave must be at least 1, got {value}")

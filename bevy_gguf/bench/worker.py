@@ -77,7 +77,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                           lanes=spec.get("lanes", 0),
                           two_pass=spec.get("two_pass", "auto"),
                           runahead=spec.get("runahead", DEFAULT_RUNAHEAD), prefill_wave=spec.get("prefill_wave", 16),
-                          prefill_first=spec.get("prefill_first", "off") == "on",
+                          prefill_first=spec.get("prefill_first", "auto"),
                           kv_unified=spec.get("kv_unified", "off") == "on",
                           repack=spec.get("repack", True), device=spec.get("device"),
                           gpu_layers=spec.get("gpu_layers", 0), n_cpu_moe=spec.get("n_cpu_moe", 0))

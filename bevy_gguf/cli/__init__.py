@@ -16,6 +16,7 @@ from bevy_gguf.config import (
     EVICTIONS,
     FLASH_ATTN,
     LOAD_MODES,
+    PREFILL_FIRST,
     RUNAHEAD,
     TWO_PASS,
     EngineConfig,
@@ -119,7 +120,7 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
                   load_budget=getattr(args, "load_budget", 1.0),
                   two_pass=getattr(args, "two_pass", "auto"),
                   runahead=getattr(args, "runahead", DEFAULT_RUNAHEAD), prefill_wave=getattr(args, "prefill_wave", 16),
-                  prefill_first=getattr(args, "prefill_first", False),
+                  prefill_first=getattr(args, "prefill_first", "auto"),
                   kv_unified=getattr(args, "kv_unified", False),
                   repack=not getattr(args, "no_repack", False), load_mode=getattr(args, "load_mode", "auto"),
                   device=getattr(args, "device", None),
@@ -337,9 +338,12 @@ def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: b
     p.add_argument("--prefill-wave", type=positive("--prefill-wave"), default=16, metavar="N",
                    help="bevy: prompt chunks that prefill together, layer-major: each layer's experts load once "
                         "for the N chunks instead of once per chunk (1: chunk after chunk)")
-    p.add_argument("--prefill-first", action="store_true",
-                   help="bevy: a joining prompt's last wave runs before the next step's decode tokens (its first "
-                        "token sooner, as blocking and llama-server order them), instead of riding with them")
+    p.add_argument("--prefill-first", choices=PREFILL_FIRST, nargs="?", const="on", default="auto",
+                   help="bevy: a joining prompt's last wave runs before the next step's decode tokens (on, or "
+                        "the flag alone: its first token sooner, as blocking and llama-server order them), "
+                        "rides with them so they share its loads (off), or goes first while those tokens would "
+                        "miss under one expert in their step, by the lane's measured miss rates (auto, the "
+                        "default: nothing to share)")
     p.add_argument("--split-factor", type=float, default=1.0, metavar="X",
                    help="bevy: a group waits for a request whose experts land within X times the group's "
                         "compute, as the cost model measured on this machine predicts (0: run whatever is ready)")

@@ -22,6 +22,17 @@ void CacheHook::leave_gate() {
     }
 }
 
+bool CacheHook::enter_gate(int32_t il) {
+    const int32_t timeout_ms = cache_->config().wait_timeout_ms;
+    if (gate_->enter(gate_key(token_, il, id_), timeout_ms)) {
+        holding_ = true;
+        return true;
+    }
+    error_ = "timed out after " + std::to_string(timeout_ms) + " ms waiting for the compute gate at layer " +
+             std::to_string(il) + " (another context computed that long)";
+    return false;
+}
+
 void CacheHook::end_compute(int64_t now) {
     if (computing_ >= 0) {
         cache_->events().add({kEventCompute, id_, computing_, -1, computing_since_, now});
@@ -32,9 +43,8 @@ void CacheHook::end_compute(int64_t now) {
 int32_t CacheHook::start_compute(int32_t il, int64_t t_enter, int32_t rc) {
     // after a hook call at layer il (rc: its result): the gate lets this context compute, and the
     // time since t_enter was a wait
-    if (rc == 0 && gate_) {
-        gate_->enter(gate_key(token_, il, id_));
-        holding_ = true;
+    if (rc == 0 && gate_ && !enter_gate(il)) {
+        rc = -1;
     }
     const int64_t t_start = now_ns();
     cache_->events().add({kEventWait, id_, il, -1, t_enter, t_start});
@@ -55,13 +65,14 @@ void CacheHook::begin(int64_t token, int32_t count_from) {
     token_              = token;
     count_from_         = count_from;
     usage_              = {0, 0};
+    failed_             = false;
     if (gate_ && !holding_) {
-        gate_->enter(gate_key(token, -1, id_));
-        holding_ = true;
+        failed_ = !enter_gate(-1); // the decode's first hook call fails it
     }
 }
 
 bevy_hook_usage CacheHook::end() {
+    failed_ = false; // the next decode starts afresh
     leave_gate();
     end_compute(now_ns());
     return usage_;
@@ -130,6 +141,15 @@ int32_t CacheHook::record_route(const bevy_moe_call * call) {
 }
 
 int32_t CacheHook::call(const bevy_moe_call * call) {
+    if (failed_ && call->il >= 0) {
+        return -1; // an earlier layer failed this decode (error_ says why): no more waits in it
+    }
+    const int32_t rc = layer_call(call);
+    failed_ = failed_ || rc != 0;
+    return rc;
+}
+
+int32_t CacheHook::layer_call(const bevy_moe_call * call) {
     const int64_t t_enter = now_ns();
     if (call->pass == 2) {
         return second_pass(call, t_enter); // the layer's pins stay: its first pass still holds them

@@ -44,7 +44,9 @@ public:
                    int64_t max_experts, int32_t * il);
 
 private:
+    int32_t layer_call(const bevy_moe_call * call);  // call() unless an earlier layer failed the decode
     void leave_gate();
+    bool enter_gate(int32_t il);    // false: timed out (the cache's wait timeout), error_ says so
     void end_compute(int64_t now);  // the layer computed since the last hook is done
     int32_t record_route(const bevy_moe_call * call);
     int32_t second_pass(const bevy_moe_call * call, int64_t t_enter);
@@ -64,6 +66,7 @@ private:
 
     ComputeGate *        gate_    = nullptr; // the cache's gate when this context is gated
     bool                 holding_ = false;
+    bool                 failed_  = false;   // a hook call of this decode failed: the others fail at once
     int64_t              token_   = 0;       // the token this context decodes (its progress)
     bevy_hook_usage      usage_ = {0, 0};    // since begin: experts pinned (summed per layer), time waited
     int32_t              computing_ = -1;    // the layer it computes since computing_since_ (-1: none)

@@ -2,13 +2,22 @@
 
 namespace bevy {
 
-void ComputeGate::enter(uint64_t key) {
+bool ComputeGate::enter(uint64_t key, int32_t timeout_ms) {
     std::unique_lock<std::mutex> lock(mutex_);
     waiting_.insert(key);
-    cv_.wait(lock, [&] { return busy_.active() < capacity_ && *waiting_.begin() == key; });
+    const auto turn = [&] { return busy_.active() < capacity_ && *waiting_.begin() == key; };
+    bool entered = true;
+    if (timeout_ms > 0) {
+        entered = cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), turn);
+    } else {
+        cv_.wait(lock, turn);
+    }
     waiting_.erase(key);
-    busy_.start();
-    cv_.notify_all(); // the next waiter may fit too
+    if (entered) {
+        busy_.start();
+    }
+    cv_.notify_all(); // the next waiter may fit too (or be first now that this one gave up)
+    return entered;
 }
 
 void ComputeGate::leave() {

@@ -3,6 +3,7 @@
 
 #include "busy_clock.hpp"
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -14,9 +15,10 @@ class ComputeGate {
 public:
     explicit ComputeGate(int32_t capacity) : capacity_(capacity) {}
 
-    // Block until fewer than capacity contexts compute and no waiter has a smaller key.
-    // key orders waiters: (token, layer, context) packed so that smaller = further behind.
-    void enter(uint64_t key);
+    // Block until fewer than capacity contexts compute and no waiter has a smaller key, or until
+    // timeout_ms passed (0: no limit). key orders waiters: (token, layer, context) packed so that
+    // smaller = further behind. true: entered; false: timed out, not entered.
+    bool enter(uint64_t key, int32_t timeout_ms = 0);
     void leave();
 
     void    set_capacity(int32_t capacity);

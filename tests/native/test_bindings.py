@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import time
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,9 @@ def test_a_bad_expert_id_fails_the_call_and_leaves_no_trace(cache4: ExpertCache)
     hook.begin(0)
     rc, _ = call_hook(hook, 0, [[1, 2], [3, 9]], route_only=False)  # 9 is not an expert of 8
     assert rc == -1 and "out of range" in hook.last_error()
+    assert call_hook(hook, 1, [[1, 2]], route_only=False)[0] == -1  # the decode failed: its later layers too
+    hook.end()
+    hook.begin(1)  # the next decode
     rc, out = call_hook(hook, 0, [[1, 2]], route_only=False)  # experts the failed call had seen
     assert rc == 0 and sorted(out) == sorted(set(out)) and all(0 <= s < 4 for s in out)
     assert cache4.counters(0)["misses"] == 2
@@ -252,3 +256,35 @@ def test_contexts_coming_and_going_keep_the_context_table_bounded(cache4: Expert
     assert native_cache.context_entries() == 3
     for hook in again:
         hook.close()
+
+
+def test_a_context_kept_from_the_compute_gate_fails_its_decode_at_the_wait_timeout(qwen3_tiny: Path) -> None:
+    """The gate has the link's bound: a context that cannot compute for --wait-timeout (another
+    holds the gate that long) fails its decode with a line that says so, once, however many
+    layers the graph has left; the holder, and the next decode of the failed one, go on."""
+    info = inspect_model(qwen3_tiny)
+    with ExpertCache(info, 4 * CacheLayout.of(info).slot_bytes, LinkSpec.parse("ram"), wait_timeout_s=0.2) as cache:
+        cache.set_concurrency(1)
+        holder, waiter = cache.native.new_hook(), cache.native.new_hook()
+        for hook in (holder, waiter):
+            hook.set_gated(True)
+        holder.begin(0)  # holds the gate through its decode
+        t0 = time.perf_counter()
+        waiter.begin(5)  # gives up after 0.2 s ...
+        assert 0.15 < time.perf_counter() - t0 < 2.0
+        assert call_hook(waiter, 0, [[1, 2]], route_only=False)[0] == -1  # ... and fails the decode
+        assert "timed out after 200 ms waiting for the compute gate" in waiter.last_error()
+        t1 = time.perf_counter()
+        assert call_hook(waiter, 1, [[1, 2]], route_only=False)[0] == -1  # the later layers fail at once
+        assert time.perf_counter() - t1 < 0.1
+        assert call_hook(waiter, -1, [[0, 0]], route_only=False)[0] == 0  # graph done
+        waiter.end()
+        assert call_hook(holder, 0, [[1, 2]], route_only=False)[0] == 0  # the holder computes on
+        call_hook(holder, -1, [[0, 0]], route_only=False)
+        holder.end()
+        waiter.begin(6)  # the gate is free: the next decode runs
+        assert call_hook(waiter, 0, [[1, 2]], route_only=False)[0] == 0
+        call_hook(waiter, -1, [[0, 0]], route_only=False)
+        waiter.end()
+        for hook in (holder, waiter):
+            hook.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bevy_gguf.engine.plan import FIRST, Flight, Group, Plan, PolicyParams, admit_loads, plan
+from bevy_gguf.engine.plan import FIRST, Flight, Group, Plan, PolicyParams, admit_loads, nothing_to_share, plan
 
 P = PolicyParams(n_layer=4, max_tokens=64, max_experts=16, hold_decode=False, load_window=0)
 
@@ -68,6 +68,16 @@ def test_prefill_first_runs_a_prompts_last_wave_before_the_next_step() -> None:
     inside = [flight(0, 2, progress=3), dataclasses.replace(last, layer=1)]
     assert plan(inside, params).group == Group(members=(1,), layer=1)  # the prompt lags: it goes first
     assert plan(inside, params).held_back == ()
+
+
+def test_a_prompt_goes_first_only_where_the_decode_tokens_would_share_no_loads_with_it() -> None:
+    """prefill_first auto: 8 decode tokens, top-2, 3/4 of their selections distinct (12 experts a
+    layer), over 4 MoE layers: first while they would miss under one expert in their step."""
+    assert nothing_to_share(8, 2, 0.75, [0.0, 0.0, 0.0, 0.0])  # every expert in: nothing to share
+    assert nothing_to_share(8, 2, 0.75, [0.02, 0.02, 0.02, 0.02])  # 0.96 expected misses
+    assert not nothing_to_share(8, 2, 0.75, [0.03, 0.02, 0.02, 0.02])  # 1.08: they ride with it
+    assert not nothing_to_share(8, 2, 0.75, [1.0] * 4)  # nothing measured yet (misses assumed)
+    assert nothing_to_share(0, 2, 0.75, [1.0] * 4)  # no decode token waits
 
 
 def test_layer_ranges() -> None:

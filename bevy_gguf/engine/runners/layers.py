@@ -48,6 +48,7 @@ from bevy_gguf.engine.plan import (
     PolicyParams,
     admit_loads,
     call_end,
+    nothing_to_share,
     plan,
     two_pass_pays,
 )
@@ -74,7 +75,7 @@ class SelfBalancingRunner:
                  load_budget: float = 1.0,
                  lane_memo: dict[tuple[int, int], int] | None = None, two_pass: bool = True,
                  pass_memo: dict[tuple[int, int], StepCosts | None] | None = None, runahead: str = DEFAULT_RUNAHEAD,
-                 prefill_wave: int = 16, prefill_first: bool = False, kv_unified: bool = False) -> None:
+                 prefill_wave: int = 16, prefill_first: str = "auto", kv_unified: bool = False) -> None:
         self.model = model
         self.cache = cache
         self.n_parallel = n_parallel
@@ -111,7 +112,7 @@ class SelfBalancingRunner:
         # prompt chunks that prefill together, layer-major (plan.py): a layer's experts load once for
         # them; more than a few tens only lengthens every scheduling pass (the plan is linear in flights)
         self.prefill_wave = prefill_wave
-        self.prefill_first = prefill_first  # see plan.PolicyParams.prefill_first
+        self.prefill_first = prefill_first  # on | off | auto: see plan.PolicyParams.prefill_first, _Lane._plan_params
         self.runahead_stats: dict[str, float | int | None] = {}  # ... what the lanes measured of it
         self.time_split: dict[str, float] = {}  # ... where the lanes' time went (see _Lane.time_split)
 
@@ -294,8 +295,11 @@ class _Lane:
         self.policy = PolicyParams(n_layer=self.model.n_layer, max_tokens=max_tokens, max_experts=share,
                                    hold_decode=hold_decode, load_window=runner.load_window,
                                    split_factor=runner.split_factor, two_pass=runner.two_pass,
-                                   prefill_first=runner.prefill_first, dense=dense)
+                                   prefill_first=runner.prefill_first == "on", dense=dense)
         self.whole_policy = dataclasses.replace(self.policy, keep_whole=True)  # the plan without runahead
+        # prefill_first auto: the two plans again, with a prompt's last wave first
+        self._first_policies = (dataclasses.replace(self.policy, prefill_first=True),
+                                dataclasses.replace(self.whole_policy, prefill_first=True))
         step_work = self.params.n_seq_max * self.model.n_layer  # token-layers of a step
         self.runahead = RunaheadChooser(epoch_work=2 * step_work, warm_work=step_work,
                                         fixed={"on": True, "off": False}.get(runner.runahead))
@@ -391,7 +395,7 @@ class _Lane:
             t_pass = time.perf_counter()
             since = self._refresh(flights)  # and the loads completed before it
             self._update_miss_rates()
-            p = plan(flights, self.policy if self.runahead.on else self.whole_policy, self._group_cost)
+            p = plan(flights, self._plan_params(flights), self._group_cost)
             self._pass_py = time.perf_counter() - t_pass
             if p.group is None and p.wait_for:  # a group is ready, but these flights' loads land sooner
                 for i in p.wait_for:
@@ -422,6 +426,23 @@ class _Lane:
             self._calls_s += self._call_s
             self._loop_s += time.perf_counter() - t_pass
         self.t_end = time.perf_counter()
+
+    def _plan_params(self, flights: list[Flight]) -> PolicyParams:
+        """The plan's parameters now: with runahead or groups whole (runahead.py), and with
+        prefill_first auto, a prompt's last wave first while there is nothing for the decode
+        tokens to share with it (_nothing_to_share)."""
+        on = self.runahead.on
+        if (self.runner.prefill_first == "auto" and any(f.prefill and f.final_wave for f in flights)
+                and self._nothing_to_share(flights)):
+            return self._first_policies[0 if on else 1]
+        return self.policy if on else self.whole_policy
+
+    def _nothing_to_share(self, flights: list[Flight]) -> bool:
+        """plan.nothing_to_share, with this lane's distinct share and miss rates."""
+        tokens = sum(1 for f in flights if not f.prefill and f.layer == FIRST)
+        layout = self.cache.layout
+        return nothing_to_share(tokens, layout.top_k, self._distinct_share,
+                                [self.miss_rate[il] for il in layout.moe_layers])
 
     def _all_resident(self, flights: list[Flight]) -> bool:
         """Every expert is in and stays in (a cache that holds them all, every layer's loaded), and
