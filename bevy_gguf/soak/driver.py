@@ -190,6 +190,12 @@ def p50_ms(outcomes: list[Outcome], jobs: list[Job]) -> float | None:
     return round(1e3 * statistics.median(lat), 2) if lat else None
 
 
+def p50_by_window(measured: list[Outcome], jobs: list[Job], window: int) -> list[float | None]:
+    """p50 latency (ms) of each consecutive window of measured requests, in completion order: a
+    drift shows as a trend, sampling noise as scatter around a level."""
+    return [p50_ms(measured[i: i + window], jobs) for i in range(0, len(measured) - window + 1, window)]
+
+
 def summarize(before: Snapshot, after: Snapshot, measured: list[Outcome], all_outcomes: list[Outcome],
               jobs: list[Job], window: int, wall_s: float, exit_status: int | None,
               rss_curve: list[tuple[int, int]]) -> dict[str, Any]:
@@ -218,6 +224,7 @@ def summarize(before: Snapshot, after: Snapshot, measured: list[Outcome], all_ou
         "errors": len(errors), "first_errors": [asdict(o) | {"request": asdict(jobs[o.job])} for o in errors[:10]],
         "cancelled": sum(1 for j in jobs if j.cancel_after),
         "latency_window": window, "latency_p50_first_ms": first, "latency_p50_last_ms": last,
+        "latency_p50_ms_by_window": p50_by_window(measured, jobs, window),
         "after_warmup": asdict(before), "at_end": asdict(after), "rss_kib_by_requests": rss_curve,
         "checks": checks, "passed": all(c["passed"] for c in checks.values()),
     }

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bevy_gguf.config import EngineConfig
@@ -115,10 +115,15 @@ def reference_prompts(model: Path, n_completion: int, n_chat: int, max_prompt_to
 
 
 def make_jobs(prompts: list[Prompt], n: int, max_tokens: int, seed: int, cancel_share: float = 0.1,
-              stream_share: float = 1 / 3, stop_share: float = 0.2) -> list[Job]:
+              stream_share: float = 1 / 3, stop_share: float = 0.2, cycle: int | None = None) -> list[Job]:
     """n seeded jobs over prompts: cancel_share of them streamed and left after 1-3 events, a
     further stream_share streamed to the end, stop_share given a stop string taken from the
-    answer (so that it stops there)."""
+    answer (so that it stops there). With cycle, the first `cycle` jobs repeat (renumbered), so
+    any `cycle` consecutive jobs are the same mix: latency windows of that size compare like
+    with like (one window's p50 against another's moved by +-20% with a fresh mix each)."""
+    if cycle is not None and 0 < cycle < n:
+        block = make_jobs(prompts, cycle, max_tokens, seed, cancel_share, stream_share, stop_share)
+        return [replace(block[i % cycle], index=i) for i in range(n)]
     r = random.Random(f"soak-jobs-{seed}")
     jobs = []
     for i in range(n):

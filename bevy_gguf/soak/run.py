@@ -37,7 +37,7 @@ def run_soak(model: Path, requests: int, clients: int, serve_args: list[str], ou
     print(f"bevy-gguf soak: {len(prompts)} prompts ({min(p.n_tokens for p in prompts)}-"
           f"{max(p.n_tokens for p in prompts)} tokens) answered by stock llama.cpp in "
           f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    jobs = make_jobs(prompts, requests, max_tokens, seed)
+    jobs = make_jobs(prompts, requests, max_tokens, seed, cycle=window)  # every window the same mix
     ctx = str(max_prompt_tokens + CANCEL_MAX_TOKENS + 64)
     server = ServerProcess(model, ["--ctx-size", ctx, "-fa", "off", *serve_args], out_dir / "server.log")
     done = [0]

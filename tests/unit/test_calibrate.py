@@ -38,7 +38,7 @@ def test_slot_classes_each_hold_their_layers_or_layer_0s_twice() -> None:
     assert calibrate.calibration_layers(cache(300, classes=two, class_slots=(127, 173)), n_seq=8) == 0
 
 
-@pytest.mark.parametrize("one,two,chosen", [(10.0, 8.0, 2), (10.0, 9.4, 1), (10.0, 12.0, 1)])
+@pytest.mark.parametrize("one,two,chosen", [(10.0, 8.0, 2), (10.0, 9.4, 2), (10.0, 9.7, 1), (10.0, 12.0, 1)])
 def test_more_lanes_only_when_clearly_faster(monkeypatch: pytest.MonkeyPatch, one: float, two: float,
                                              chosen: int) -> None:
     monkeypatch.setattr(calibrate, "time_lanes", lambda m, c, p, lanes, n, layers: {1: one, 2: two}[lanes])

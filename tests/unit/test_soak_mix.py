@@ -76,3 +76,25 @@ def test_jobs_are_seeded_and_mixed() -> None:
 def test_prompt_lengths_spread_over_the_range() -> None:
     lengths = [len(t.encode()) for t in prompt_texts(200, 1000, seed=0)]
     assert min(lengths) <= 5 and max(lengths) >= 500 and all(1 <= n <= 1000 for n in lengths)
+
+
+def test_latency_by_window_is_each_windows_p50_of_the_uncancelled() -> None:
+    from bevy_gguf.soak.driver import Outcome, p50_by_window
+    from bevy_gguf.soak.mix import Job
+
+    jobs = [Job(i, 0, 4, False, None, cancel_after=int(i == 1)) for i in range(7)]
+    measured = [Outcome(i, 0.001 * (i + 1)) for i in range(7)]  # 1..7 ms; job 1 cancelled
+    assert p50_by_window(measured, jobs, 3) == [2.0, 5.0]  # [1, 3] and [4, 5, 6]; the last, short window left
+
+
+def test_a_cycled_mix_puts_the_same_jobs_in_every_window() -> None:
+    prompts = [prompt([b"abc", b"def", b"ghi"]), prompt([b"x", b"yz"])]
+    jobs = make_jobs(prompts, 2500, 24, seed=1, cycle=1000)
+    assert [j.index for j in jobs] == list(range(2500))
+    assert jobs[:1000] == make_jobs(prompts, 1000, 24, seed=1)  # the first cycle is the plain mix
+
+    def spec(j: object) -> tuple:
+        return (j.prompt, j.max_tokens, j.stream, j.stop or "", j.cancel_after)
+
+    first, last = sorted(map(spec, jobs[200:1200])), sorted(map(spec, jobs[-1000:]))
+    assert first == last  # any 1,000 in a row: the same multiset, whatever the warm-up's length
