@@ -164,6 +164,8 @@ class EngineConfig:
     prefill_first: str = "auto"          # bevy: a prompt's last wave runs before the decode tokens that wait to
                                          # start a step (on: blocking's and llama-server's order; off: they ride
                                          # with it; auto: first while they would miss under one expert a step)
+    wide_prefill: bool = False           # bevy with lanes: a call with a prompt chunk computes on every thread,
+                                         # alone at the compute gate (off: on its lane's share of the threads)
     kv_unified: bool = False             # llama.cpp's -kvu: one KV stream every sequence attends over under a
                                          # mask; off (llama-server's default): a stream per sequence
     repack: bool = True                  # llama.cpp's weight repacking (-nr/--no-repack: off): stock copies

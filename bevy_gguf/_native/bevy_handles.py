@@ -95,6 +95,15 @@ class Hook:
     def set_gated(self, gated: bool) -> None:
         lib.bevy_hook_set_gated(self.handle, gated)
 
+    def set_gate_weight(self, weight: int) -> None:
+        """The share of the gate's capacity the next decodes ask for (the capacity: they compute
+        alone); each gets it where the gate is empty at its turn, else 1."""
+        lib.bevy_hook_set_gate_weight(self.handle, weight)
+
+    def gate_weight(self) -> int:
+        """What the current (or last) decode got at the gate."""
+        return lib.bevy_hook_gate_weight(self.handle)
+
     def set_prefetch(self, on: bool) -> None:
         lib.bevy_hook_set_prefetch(self.handle, on)
 

@@ -555,6 +555,18 @@ def bevy_hook_last_error(hook: BevyHook, /) -> bytes:
 def bevy_hook_set_gated(hook: BevyHook, gated: bool, /) -> None: ...
 
 
+# void bevy_hook_set_gate_weight(bevy_hook * hook, int32_t weight);
+@_bind("bevy_hook_set_gate_weight", [BevyHook, c_int32], None)
+def bevy_hook_set_gate_weight(hook: BevyHook, weight: int, /) -> None:
+    """The share of the gate's capacity the hook's next decodes ask for (the capacity: alone)."""
+
+
+# int32_t bevy_hook_gate_weight(const bevy_hook * hook);
+@_bind("bevy_hook_gate_weight", [BevyHook], c_int32)
+def bevy_hook_gate_weight(hook: BevyHook, /) -> int:
+    """The weight the current (or last) decode got at the gate."""
+
+
 # void bevy_hook_begin(bevy_hook * hook, int64_t token, int32_t count_from);
 @_bind("bevy_hook_begin", [BevyHook, c_int64, c_int32], None)
 def bevy_hook_begin(hook: BevyHook, token: int, count_from: int, /) -> None:

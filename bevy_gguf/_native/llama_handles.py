@@ -159,6 +159,10 @@ class Context:
         self._embd: np.ndarray | None = None  # a view of its embd rows
         self._decode_layers = None
 
+    def set_threads(self, n_threads: int) -> None:
+        """The threads its next decodes compute on (llama_set_n_threads: batch and single alike)."""
+        self.lib.llama_set_n_threads(self.ptr, n_threads, n_threads)
+
     def _fill(self, b: object, rows: list[tuple[int, int, int, bool]], tokens: bool) -> list[int]:
         """Write (token, pos, seq_id, wants_output) rows into batch b; returns the output rows."""
         outputs = []

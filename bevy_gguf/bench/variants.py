@@ -24,6 +24,7 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "eviction": ("eviction", str),
     "prefill-wave": ("prefill_wave", int),
     "prefill-first": ("prefill_first", str),
+    "wide-prefill": ("wide_prefill", str),  # on: a lane's prompt calls on every thread; off: its share
     "kv-unified": ("kv_unified", str),  # on: one KV stream (llama.cpp's -kvu); off: one per sequence
 }
 
@@ -76,7 +77,7 @@ def _check(name: str, key: str, value: Any) -> None:
         raise BevyError(f"{name}: eviction={value}: choose one of {', '.join(EVICTIONS)}")
     if key == "prefill-first" and value not in PREFILL_FIRST:
         raise BevyError(f"{name}: prefill-first={value}: choose one of {', '.join(PREFILL_FIRST)}")
-    if key == "kv-unified" and value not in ("on", "off"):
+    if key in ("kv-unified", "wide-prefill") and value not in ("on", "off"):
         raise BevyError(f"{name}: {key}={value}: choose on or off")
     if key == "prefill-wave" and value < 1:
         raise BevyError(f"{name}: prefill-wave must be at least 1, got {value}")

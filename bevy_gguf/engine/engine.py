@@ -48,6 +48,7 @@ class Runner(Protocol):
 RUNNER_STATS = {"lanes": "lanes_used", "two_pass_overhead_s": "pass_overhead_s",
                 "load_contention_s": "load_contention_s", "load_alone_s": "load_alone_s",
                 "two_pass_calls": "two_pass_calls", "layer_calls": "calls", "resident_calls": "resident_calls",
+                "wide_calls": "wide_calls",
                 "calibration_error": "calibration_error",
                 "runahead": "runahead_stats", "lane_time": "time_split"}
 
@@ -124,7 +125,7 @@ class LLMEngine:
                                          lane_memo=self._lane_memo,
                                          two_pass=two_pass, pass_memo=self._pass_memo, runahead=cfg.runahead,
                                          prefill_wave=cfg.prefill_wave, prefill_first=cfg.prefill_first,
-                                         kv_unified=cfg.kv_unified)
+                                         kv_unified=cfg.kv_unified, wide_prefill=cfg.wide_prefill)
         elif self.scheduler.runner == "contexts":
             runner = ContextRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash, two_pass=two_pass)
         else:

@@ -37,9 +37,9 @@ SCHEDULERS = {s.name: s for s in (
     Scheduler("blocking", "batched", "one batched context that stalls on every miss (as stock llama.cpp)"),
 )}
 DEFAULT_SCHEDULER = "bevy"
-# the arch builders patches 0003, 0005, 0006 and 0009 give layer-range decode (general.architecture;
+# the arch builders patches 0003, 0005, 0006, 0009 and 0012 give layer-range decode (general.architecture;
 # Mixtral is llama's): any other builder runs every layer of a call, so a partial range would abort on its assertion
-LAYER_RANGE_ARCHS = ("qwen3moe", "qwen2moe", "llama", "glm4moe", "gpt-oss", "deepseek2")
+LAYER_RANGE_ARCHS = ("qwen3moe", "qwen2moe", "llama", "glm4moe", "gpt-oss", "deepseek2", "qwen35moe")
 LAYER_RANGE_FALLBACK = "bevy-ctx"  # what runs instead: the same runahead, a context per request
 
 

@@ -258,6 +258,12 @@ BEVY_API void    bevy_cache_set_learning(bevy_cache * cache, bool on);
 // their entry to the next hook, so it stays at the most hooks that were ever alive at once
 BEVY_API int32_t bevy_cache_context_entries(const bevy_cache * cache);
 BEVY_API void    bevy_hook_set_gated(bevy_hook * hook, bool gated);
+// the share of the gate's capacity (bevy_cache_set_concurrency) the hook's next decodes ask for:
+// 1 (the default), or the capacity for a decode on every thread, which computes alone. A decode
+// gets it where no other context computes at its turn, else 1 (it never waits for the room);
+// bevy_hook_gate_weight, after bevy_hook_begin, says which it got
+BEVY_API void    bevy_hook_set_gate_weight(bevy_hook * hook, int32_t weight);
+BEVY_API int32_t bevy_hook_gate_weight(const bevy_hook * hook);
 // before each llama_decode of the hook's context: its progress (the token it decodes), from
 // which layer on its hits and misses count (0: all; a scheduler that counted earlier layers at
 // bevy_cache_refresh passes the first it did not), and entering the gate; bevy_hook_end after

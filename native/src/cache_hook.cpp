@@ -17,15 +17,20 @@ CacheHook::~CacheHook() {
 
 void CacheHook::leave_gate() {
     if (holding_) {
-        gate_->leave();
+        gate_->leave(held_weight_);
         holding_ = false;
     }
 }
 
 bool CacheHook::enter_gate(int32_t il) {
     const int32_t timeout_ms = cache_->config().wait_timeout_ms;
-    if (gate_->enter(gate_key(token_, il, id_), timeout_ms)) {
-        holding_ = true;
+    // the decode's first turn takes the weight asked for if the gate is empty, else 1; its later
+    // turns (after a wait for experts) take what the first got: its threads are set for the call
+    const bool    first  = il < 0;
+    const int32_t weight = first ? gate_weight_ : held_weight_;
+    if (const int32_t got = gate_->enter(gate_key(token_, il, id_), timeout_ms, weight, first)) {
+        holding_     = true;
+        held_weight_ = got;
         return true;
     }
     error_ = "timed out after " + std::to_string(timeout_ms) + " ms waiting for the compute gate at layer " +

@@ -30,6 +30,11 @@ public:
     const std::string & error() const { return error_; }
 
     void set_gated(bool gated);
+    // the share of the gate's capacity this context's next decodes ask for (default 1; the
+    // capacity: it computes alone, as a call on every thread must): a decode gets it where the
+    // gate is empty at its turn, else 1 (gate_weight says which, after begin)
+    void set_gate_weight(int32_t weight) { gate_weight_ = weight > 0 ? weight : 1; }
+    int32_t gate_weight() const { return held_weight_; }
     void set_prefetch(bool on) {
         prefetch_ = on;
         predictor_.reset();
@@ -66,6 +71,8 @@ private:
 
     ComputeGate *        gate_    = nullptr; // the cache's gate when this context is gated
     bool                 holding_ = false;
+    int32_t              gate_weight_ = 1;   // what it enters with
+    int32_t              held_weight_ = 1;   // what this decode got at begin (it leaves and re-enters with it)
     bool                 failed_  = false;   // a hook call of this decode failed: the others fail at once
     int64_t              token_   = 0;       // the token this context decodes (its progress)
     bevy_hook_usage      usage_ = {0, 0};    // since begin: experts pinned (summed per layer), time waited

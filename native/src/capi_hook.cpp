@@ -29,6 +29,14 @@ void bevy_hook_set_gated(bevy_hook * hook, bool gated) {
     hook->hook.set_gated(gated);
 }
 
+void bevy_hook_set_gate_weight(bevy_hook * hook, int32_t weight) {
+    hook->hook.set_gate_weight(weight);
+}
+
+int32_t bevy_hook_gate_weight(const bevy_hook * hook) {
+    return hook->hook.gate_weight();
+}
+
 void bevy_hook_begin(bevy_hook * hook, int64_t token, int32_t count_from) {
     hook->hook.begin(token, count_from);
 }

@@ -2,10 +2,14 @@
 
 namespace bevy {
 
-bool ComputeGate::enter(uint64_t key, int32_t timeout_ms) {
+int32_t ComputeGate::enter(uint64_t key, int32_t timeout_ms, int32_t weight, bool or_one) {
     std::unique_lock<std::mutex> lock(mutex_);
     waiting_.insert(key);
-    const auto turn = [&] { return busy_.active() < capacity_ && *waiting_.begin() == key; };
+    // a weight above the capacity waits for every context to leave (never for more)
+    const auto turn = [&] {
+        const int32_t need = or_one ? 1 : weight;
+        return (used_ == 0 || used_ + need <= capacity_) && *waiting_.begin() == key;
+    };
     bool entered = true;
     if (timeout_ms > 0) {
         entered = cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), turn);
@@ -14,16 +18,19 @@ bool ComputeGate::enter(uint64_t key, int32_t timeout_ms) {
     }
     waiting_.erase(key);
     if (entered) {
+        weight = or_one && used_ > 0 ? 1 : weight;
         busy_.start();
+        used_ += weight;
     }
     cv_.notify_all(); // the next waiter may fit too (or be first now that this one gave up)
-    return entered;
+    return entered ? weight : 0;
 }
 
-void ComputeGate::leave() {
+void ComputeGate::leave(int32_t weight) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
         busy_.stop();
+        used_ -= weight;
     }
     cv_.notify_all();
 }

@@ -15,11 +15,13 @@ class ComputeGate {
 public:
     explicit ComputeGate(int32_t capacity) : capacity_(capacity) {}
 
-    // Block until fewer than capacity contexts compute and no waiter has a smaller key, or until
-    // timeout_ms passed (0: no limit). key orders waiters: (token, layer, context) packed so that
-    // smaller = further behind. true: entered; false: timed out, not entered.
-    bool enter(uint64_t key, int32_t timeout_ms = 0);
-    void leave();
+    // Block until the contexts computing leave room for `weight` more (of capacity; a weight of
+    // capacity or more computes alone: a call on every thread) and no waiter has a smaller key, or
+    // until timeout_ms passed (0: no limit). key orders waiters: (token, layer, context) packed so
+    // that smaller = further behind. or_one: at its turn it takes `weight` if no context computes,
+    // else 1 (it never waits for the room of more). The weight it entered with; 0: timed out.
+    int32_t enter(uint64_t key, int32_t timeout_ms = 0, int32_t weight = 1, bool or_one = false);
+    void leave(int32_t weight = 1);  // the weight it entered with
 
     void    set_capacity(int32_t capacity);
     int32_t capacity() const { return capacity_; }
@@ -31,7 +33,8 @@ private:
     std::mutex              mutex_;
     std::condition_variable cv_;
     std::set<uint64_t>      waiting_;
-    BusyClock               busy_;  // active() = contexts computing now
+    BusyClock               busy_;      // active() = contexts computing now
+    int32_t                 used_ = 0;  // their weights, summed
     int32_t                 capacity_;
 };
 

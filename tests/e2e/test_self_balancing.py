@@ -66,10 +66,11 @@ def test_a_single_lane_loads_each_missed_expert_once(tmp_path: Path, layer_range
     assert got["pinned_after"] == 0
 
 
-@pytest.mark.parametrize("arch,threads", [("qwen2moe", 1), ("qwen2moe", 2), ("deepseek2", 2)])
+@pytest.mark.parametrize("arch,threads", [("qwen2moe", 1), ("qwen2moe", 2), ("deepseek2", 2), ("qwen35moe", 2)])
 def test_requests_join_and_leave(tmp_path: Path, arch: str, threads: int) -> None:
     """16 requests of different lengths through 4 sequences (one lane, or two): they join as
-    others finish (deepseek2: in MLA's K-only cache)."""
+    others finish (deepseek2: in MLA's K-only cache; qwen35moe: a joining request's recurrent
+    states start cleared in its cell, whoever held it)."""
     model = ensure_model(tiny_spec(arch, layers=4, experts=16, top_k=2), progress=False)
     prompts = [p * (1 + i % 3) for i, p in enumerate(PROMPTS + PROMPTS[::-1])]
     ref = stock_alone(model, prompts, 10)
@@ -78,7 +79,8 @@ def test_requests_join_and_leave(tmp_path: Path, arch: str, threads: int) -> Non
 
 
 @pytest.mark.parametrize("arch,step,threads", [("mixtral", 3, 2), ("mixtral", 11, 2), ("mixtral", 17, 2),
-                                               ("mixtral", 11, 1), ("deepseek2", 11, 2)])
+                                               ("mixtral", 11, 1), ("deepseek2", 11, 2), ("qwen35moe", 11, 2),
+                                               ("qwen35moe", 17, 1)])
 def test_a_request_cancelled_mid_layer_leaves_cleanly(tmp_path: Path, arch: str, step: int, threads: int) -> None:
     """Cancelled between layer-range calls, its half-computed cells go; the request that then
     takes its sequence decodes correctly (stale cells would break its positions). Runahead on, so
@@ -207,3 +209,17 @@ def test_a_cache_of_every_expert_runs_whole_resident_steps(tmp_path: Path, layer
         s = doc["stats"]
         assert (s["resident_calls"] > 0) == resident, cache
         assert (s["expert_cache_fill_s"] > 0) == resident and (s["hit_rate"] == 1.0) == resident, cache
+
+
+def test_prompt_calls_on_every_thread_follow_the_margin_rule(layer_range_model: Path) -> None:
+    """--wide-prefill: with two lanes, each call with a prompt chunk runs on both threads, alone
+    at the compute gate; the decode calls go back to the lane's thread, and the answers follow
+    the margin rule."""
+    ref = stock_alone(layer_range_model, PROMPTS, 12)
+    args = ("run", layer_range_model, *(a for p in PROMPTS for a in ("-p", p)), "-np", "8", "-n", "12", "-t", "2",
+            "--expert-cache", "25%", "--lanes", "2")
+    wide = run_json(*args, "--wide-prefill")
+    assert wide["stats"]["lanes"] == 2 and wide["stats"]["wide_calls"] > 0
+    assert 0 < wide["stats"]["wide_calls"] < wide["stats"]["layer_calls"]
+    margin_ok(ref, wide, 8, 12)
+    assert run_json(*args)["stats"]["wide_calls"] == 0

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bevy_gguf._native import libbevy as native
-from bevy_gguf._native.bevy_handles import Link, RouterTrace
+from bevy_gguf._native.bevy_handles import Hook, Link, RouterTrace
 from bevy_gguf.config import LinkSpec
 from bevy_gguf.engine.cache_layout import CacheLayout
 from bevy_gguf.engine.expert_cache import ExpertCache
@@ -287,4 +287,40 @@ def test_a_context_kept_from_the_compute_gate_fails_its_decode_at_the_wait_timeo
         call_hook(waiter, -1, [[0, 0]], route_only=False)
         waiter.end()
         for hook in (holder, waiter):
+            hook.close()
+
+
+def test_a_decode_on_every_thread_computes_alone_at_the_compute_gate(qwen3_tiny: Path) -> None:
+    """Lanes compute side by side (the gate's capacity); a hook that asks for the whole capacity
+    (a prompt call on every thread) gets it where no other context computes at its turn, and
+    then keeps the others out while it computes; where one computes, it enters at once with 1
+    (its call then runs on its lane's threads) instead of leaving a core idle."""
+    info = inspect_model(qwen3_tiny)
+    with ExpertCache(info, 4 * CacheLayout.of(info).slot_bytes, LinkSpec.parse("ram"), wait_timeout_s=0.2) as cache:
+        cache.set_concurrency(2)
+        a, b, wide = (cache.native.new_hook() for _ in range(3))
+        for hook in (a, b, wide):
+            hook.set_gated(True)
+        wide.set_gate_weight(2)
+
+        def enters(hook: Hook, token: int) -> bool:
+            t0 = time.perf_counter()
+            hook.begin(token)
+            return time.perf_counter() - t0 < 0.1  # a refused turn waits the timeout (0.2 s)
+
+        a.begin(0)
+        assert enters(b, 1)  # two lanes at once
+        b.end()
+        assert enters(wide, 2) and wide.gate_weight() == 1  # a computes: the wide decode gets 1 ...
+        assert not enters(b, 3)  # ... which fills the gate
+        b.end()
+        wide.end()
+        a.end()
+        assert enters(wide, 4) and wide.gate_weight() == 2  # the gate is empty: it gets every turn ...
+        assert not enters(a, 5)  # ... and keeps the lanes out meanwhile
+        a.end()
+        wide.end()
+        assert enters(a, 6) and enters(b, 7)  # and gives them back
+        for hook in (a, b, wide):
+            hook.end()
             hook.close()

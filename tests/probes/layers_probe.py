@@ -5,11 +5,13 @@ Two sequences: their prompts, then one more token each. The reference context de
 llama_decode; the other with llama_decode_layers as the self-balancing runner does (the first call
 of a block embeds it and runs layer 0's attention and router, each later call resumes after the
 attention its predecessor's lookahead ran), the extra token with layers merged into one call.
-Prints the largest logit difference per block and the errors of two misuses of the API.
+Then three sequences regrouped mid-token (regroup). Prints the largest logit difference per block
+and the errors of two misuses of the API.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -34,6 +36,42 @@ def by_layers(ctx: Context, rows: list[tuple[int, int, int, bool]], ends: list[i
         final = end == ctx.model.n_layer
         ctx.decode_layers(rows, [ctx.hidden(len(rows))], begin, end, not final, True)
         begin = end
+
+
+def regroup(model: Model, cache: ExpertCache, params: ContextParams) -> float:
+    """Three sequences; a token of the middle one runs its first layers alone, then the other two
+    run whole together, then it finishes: llama_decode's logits in the same groups. With one KV
+    stream for all (kv_unified) the two share a ubatch, so a recurrent memory gathers their cells,
+    moving the middle one's states while its token is half done; with a stream per sequence
+    llama.cpp splits them (consecutive sequences only)."""
+    return max(_regroup(model, cache, dataclasses.replace(params, n_seq_max=3, kv_unified=unified))
+               for unified in (True, False))
+
+
+def _regroup(model: Model, cache: ExpertCache, params: ContextParams) -> float:
+    with Context(model, params) as ref, Context(model, params) as ctx:
+        cache.attach(ref)
+        cache.attach(ctx)
+        texts = ["The quick brown fox", "1, 2, 3, 5, 8", "def f(x):"]
+        prompts = [model.tokenize(t) for t in texts]
+        rows = [(t, p, s, p == len(toks) - 1) for s, toks in enumerate(prompts) for p, t in enumerate(toks)]
+        last = [i for i, r in enumerate(rows) if r[3]]
+        ref.decode(rows)
+        by_layers(ctx, [(t, p, s, True) for t, p, s, _ in rows], [model.n_layer])
+        step = [(int(ref.logits(i).argmax()), len(prompts[s]), s, True) for s, i in enumerate(last)]
+        middle, others = [step[1]], [step[0], step[2]]
+        ref.decode(middle)
+        want = [ref.logits(0)]
+        ref.decode(others)
+        want += [ref.logits(0), ref.logits(1)]
+        ctx.decode_layers(middle, None, 0, 0, True, False)
+        ctx.decode_layers(middle, [ctx.hidden(1)], 0, 1, True, True)
+        h = ctx.hidden(1)
+        by_layers(ctx, others, [model.n_layer])
+        got_others = [ctx.logits(0), ctx.logits(1)]
+        ctx.decode_layers(middle, [h], 1, model.n_layer, False, True)
+        got = [ctx.logits(0)] + got_others
+        return max(float(np.abs(w - g).max()) for w, g in zip(want, got))
 
 
 def error_of(call: Callable[[], object]) -> str:
@@ -71,6 +109,7 @@ def main() -> int:
         want = [ref.logits(j) for j in range(2)]
         by_layers(ctx, step, [2, n_layer])  # layers 0-1 merged, then the rest in one call
         out["merged_max_diff"] = max(float(np.abs(w - ctx.logits(j)).max()) for j, w in enumerate(want))
+        out["regroup_max_diff"] = regroup(model, cache, params)
         row = [(step[0][0], len(prompts[0]) + 1, 0, True)]
         ctx.decode_layers(row, None, 0, 0, True, False)
         h = ctx.hidden(1)

@@ -75,7 +75,8 @@ class SelfBalancingRunner:
                  load_budget: float = 1.0,
                  lane_memo: dict[tuple[int, int], int] | None = None, two_pass: bool = True,
                  pass_memo: dict[tuple[int, int], StepCosts | None] | None = None, runahead: str = DEFAULT_RUNAHEAD,
-                 prefill_wave: int = 16, prefill_first: str = "auto", kv_unified: bool = False) -> None:
+                 prefill_wave: int = 16, prefill_first: str = "auto", kv_unified: bool = False,
+                 wide_prefill: bool = False) -> None:
         self.model = model
         self.cache = cache
         self.n_parallel = n_parallel
@@ -113,6 +114,8 @@ class SelfBalancingRunner:
         # them; more than a few tens only lengthens every scheduling pass (the plan is linear in flights)
         self.prefill_wave = prefill_wave
         self.prefill_first = prefill_first  # on | off | auto: see plan.PolicyParams.prefill_first, _Lane._plan_params
+        self.wide_prefill = wide_prefill  # with lanes: calls with a prompt chunk on every thread (_Lane._ask_wide)
+        self.wide_calls = 0  # layer-range calls of the last serve that ran on every thread
         self.runahead_stats: dict[str, float | int | None] = {}  # ... what the lanes measured of it
         self.time_split: dict[str, float] = {}  # ... where the lanes' time went (see _Lane.time_split)
 
@@ -253,6 +256,7 @@ class SelfBalancingRunner:
         if self.calls:
             self.time_split["python_per_call_ms"] = 1e3 * self.time_split["python_s"] / self.calls
         self.two_pass_calls = sum(lane.two_pass_calls for lane in lanes)
+        self.wide_calls = sum(lane.wide_calls for lane in lanes)
         self.resident_calls = sum(lane.resident_calls for lane in lanes)
         stats = RunStats()
         for lane in lanes:
@@ -284,6 +288,7 @@ class _Lane:
                  hold_decode: bool) -> None:
         self.runner, self.model, self.cache = runner, runner.model, runner.cache
         self.owner = owner  # whose reservations these are, among the lanes sharing the cache
+        self.lanes = lanes
         self.params = dataclasses.replace(params, n_ubatch=params.n_batch)  # one graph per call
         # slots are counted in the smallest slot class: what holds there holds at every layer
         slots = self.cache.min_class_slots
@@ -327,6 +332,9 @@ class _Lane:
         self._per_load = LinkTimePerLoad(MISS_RATE_DECAY)  # link seconds per load, lately
         self.calls = 0
         self.two_pass_calls = 0  # calls that ran two passes (the others ran one)
+        self.wide_calls = 0  # calls on every thread (_set_threads)
+        self._wide_on = False  # the context's setting now: on every thread (_set_threads)
+        self._asked = 1  # the gate weight its hook asks for (_ask_wide)
         self.resident_calls = 0  # whole-step calls with every expert resident, outside the plan
         self._loop_s = self._calls_s = self._waits_s = 0.0  # where the step loop's time went
         self._wave_end: dict[int, int] = {}  # per request (by index) prefilling: where its current wave ends
@@ -481,9 +489,11 @@ class _Lane:
         experts it pinned, seconds it waited), or None: it failed, and so did its members."""
         if not self.keep_reservations:  # the call pins what it uses; held ones could only deadlock it
             self.cache.unreserve_all(self.owner)
+        self._ask_wide(ctx, any(f.prefill for f in members))
         start_t = time.perf_counter()
         self.cache.begin(ctx, min(f.progress for f in members), count_from)
         call_t = time.perf_counter()  # after the gate let it in
+        self._set_threads(ctx)
         try:
             ctx.decode_layers(rows, hidden, *layers)
         except BevyError as e:
@@ -494,6 +504,29 @@ class _Lane:
             used_experts, waited_s = self.cache.end(ctx)
             self._call_s = time.perf_counter() - start_t
         return start_t, call_t, used_experts, waited_s
+
+    def _ask_wide(self, ctx: Context, prompt: bool) -> None:
+        """A call with a prompt chunk asks the compute gate for every lane's turn (wide_prefill,
+        with lanes): it gets it where no other lane computes at its turn (_set_threads), and then
+        runs on every thread. A prompt chunk's matmuls are large enough to speed up with every
+        thread, where a lane's few decode tokens are not (which is why lanes pay, calibrate.py);
+        on its share alone a prompt took twice as long on 2 threads, and so did the TTFT of every
+        request and the step of the decode tokens riding with it. It does not wait for the gate
+        to empty: that left a core idle for the other lane's whole call (measured: 4-11% fewer
+        tok/s on 2 threads)."""
+        want = self.lanes if prompt and self.lanes > 1 and self.runner.wide_prefill else 1
+        if want != self._asked:
+            ctx.hook.set_gate_weight(want)
+            self._asked = want
+
+    def _set_threads(self, ctx: Context) -> None:
+        """The call's threads: every thread where the gate let it in alone (_ask_wide), else the
+        lane's share."""
+        wide = self._asked > 1 and ctx.hook.gate_weight() == self._asked
+        self.wide_calls += wide
+        if wide != self._wide_on:
+            ctx.set_threads(self.runner.n_threads if wide else self.params.n_threads)
+            self._wide_on = wide
 
     def _tick(self, flights: list[Flight]) -> None:
         """Move the step clock to the most lagging decode token (it never goes back)."""
@@ -679,9 +712,10 @@ class _Lane:
             self.runahead.exclude(time.perf_counter() - start_t)
         context = sum(pos + 1 for _, pos, _, _ in rows)
         two_pass_layers = sum(il not in self.policy.dense for il in range(il_begin, il_end)) if self._two_pass_on else 0
-        self.cost_model.observe(CallShape(layers=il_end - il_begin, tokens=len(rows), experts=used_experts,
-                                          context=context, two_pass_layers=two_pass_layers),
-                                time.perf_counter() - call_t - waited_s)
+        if not self._wide_on:  # the model is of calls on the lane's threads
+            self.cost_model.observe(CallShape(layers=il_end - il_begin, tokens=len(rows), experts=used_experts,
+                                              context=context, two_pass_layers=two_pass_layers),
+                                    time.perf_counter() - call_t - waited_s)
         if all(f.prefill for f in members):
             stats.prefill_s += elapsed
         if not final:
