@@ -173,6 +173,8 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
         "overlap_efficiency": _median(overlap), "link_utilization": _median(link_util),
         "link_bytes_per_s": _median(busy_rates) if busy_rates else None,
         "compute_busy_s": _median([r["compute_busy_s"] for r in ok]),
+        # weighted by the share of the threads computing (lanes): the machine's compute spent
+        "compute_used_s": _median([r.get("compute_used_s", r["compute_busy_s"]) for r in ok]),
         "link_busy_s": _median([r["link_busy_s"] for r in ok]), "decode_s": _median([r["decode_s"] for r in ok]),
         "stall_s": _median([c["stall_ns"] / 1e9 for c in counters]) if counters else None,
         "link_bounced": _median([c.get("link_bounced", 0) for c in counters]) if counters else None,

@@ -62,7 +62,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
         *_servers(report),
         "",
         "| system | cache | " + ("link | " if sweep else "") + "tok/s | % of bound | TPOT p50 / p99 ms | TTFT ms | "
-        "hit rate | MB loaded | compute / link busy s | link util | link GB/s while busy | overlap eff. | "
+        "hit rate | MB loaded | compute busy (used) / link busy s | link util | link GB/s while busy | overlap eff. | "
         "layer calls (two-pass) | status |",
         "|---|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -76,7 +76,8 @@ def markdown(report: dict[str, Any], command: str) -> str:
             f"{_fmt(r['pct_of_bound'] and 100 * r['pct_of_bound'], '.0f')} | "
             f"{_fmt(r['tpot_p50_ms'])} / {_fmt(r['tpot_p99_ms'])} | {_fmt(r['ttft_ms'], '.0f')} | "
             f"{_fmt(r['hit_rate'], '.3f')} | {_fmt(r['bytes_loaded'] and r['bytes_loaded'] / 1e6, '.0f')} | "
-            f"{_fmt(r.get('compute_busy_s'), '.2f')} / {_fmt(r.get('link_busy_s'), '.2f')} | "
+            f"{_fmt(r.get('compute_busy_s'), '.2f')} ({_fmt(r.get('compute_used_s'), '.2f')}) / "
+            f"{_fmt(r.get('link_busy_s'), '.2f')} | "
             f"{_fmt(r.get('link_utilization'), '.2f')} | "
             f"{_fmt(r.get('link_bytes_per_s') and r['link_bytes_per_s'] / 1e9, '.2f')} | "
             f"{_fmt(r['overlap_efficiency'], '.2f')} | {_calls(r)} | {status} |")

@@ -51,6 +51,7 @@ METRICS_EVERY_S = 0.25
 METRIC_COUNTERS = {"expert_cache_hits_total": ("hits", 1), "expert_cache_misses_total": ("misses", 1),
                    "expert_bytes_loaded_total": ("bytes_loaded", 1),
                    "compute_busy_seconds_total": ("compute_busy_ns", 1e9),
+                   "compute_used_seconds_total": ("compute_used_ns", 1e9),
                    "link_busy_seconds_total": ("link_busy_ns", 1e9),
                    "expert_stall_seconds_total": ("stall_ns", 1e9)}
 
@@ -296,7 +297,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "finish_reasons": sorted({a.finish or "none" for a in answers}),
                 "client_s": time.perf_counter() - t_load, "request_times": [a.times for a in answers]}
         if sampler is None:
-            return out | {"compute_busy_s": window.seconds, "link_busy_s": 0.0}
+            return out | {"compute_busy_s": window.seconds, "compute_used_s": window.seconds, "link_busy_s": 0.0}
         return out | window_counters(sampler, window)
 
 

@@ -129,4 +129,5 @@ def window_counters(sampler: CounterSampler, window: Window) -> dict[str, Any]:
     link busy seconds they hold."""
     counters = {k: round(v) for k, v in sampler.between(window).items()}
     return {"decode_counters": counters, "compute_busy_s": counters.get("compute_busy_ns", 0) / 1e9,
+            "compute_used_s": counters.get("compute_used_ns", 0) / 1e9,
             "link_busy_s": counters.get("link_busy_ns", 0) / 1e9}

@@ -99,6 +99,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "micro_batch": result.cache["micro_batch"], "events": result.cache["events"],
                 "load_s": result.cache["load_s"], "cost_model": result.cache["cost_model"],
                 "lane_seconds": result.cache["lane_seconds"], "compute_busy_s": d.get("compute_busy_ns", 0) / 1e9,
+                "compute_used_s": d.get("compute_used_ns", 0) / 1e9,
                 "link_busy_s": d.get("link_busy_ns", 0) / 1e9,
                 "repacked_expert_tensors": (result.cache["repacked"], result.cache["expert_tensors"]),
                 "expert_store": result.cache["store"]}

@@ -8,8 +8,8 @@ machines lanes decode faster and on others slower (measured: two lanes were 1.22
 a 75% cache on one 2-core machine, and slower than blocking on another). So the runner times it:
 the same batch of tokens through a whole step (every layer in one call; one layer when the
 cache cannot hold a step's experts), as one context of every thread and as k lanes
-computing at once, each a few times after a warm-up that loads the experts it reads, and takes
-the fastest (fewer lanes unless more are faster by a margin: they read more bytes).
+computing at once, each many times after a warm-up that loads the experts it reads, and takes
+the fastest (fewer lanes unless more are faster by a margin that guards the noise).
 
 Two passes per MoE layer (patch 0004) add graph nodes to every MoE layer, which cost time even
 where nothing misses (measured on the default model: bevy at a 90% cache 0.91-0.98x blocking
@@ -22,6 +22,8 @@ would hide pays for them (plan.two_pass_pays).
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import statistics
 import threading
 import time
@@ -34,7 +36,14 @@ from bevy_gguf._native.llama_handles import Context, ContextParams, Model
 from bevy_gguf.engine.cache_layout import PAGE
 from bevy_gguf.engine.expert_cache import ExpertCache
 
-REPEATS = 5        # timed runs per candidate (median)
+REPEATS = 5        # timed runs per candidate (median) of the step costs
+# the lane measurement: single calls of a few ms, whose noise only ever adds time, so the
+# fastest of many runs (on a 2-core machine, the ratio two lanes / one lane read 0.68-0.95 as
+# the median of 5 runs, with one lane chosen in about a third of the runs, and 0.67-0.83 as the
+# fastest of 40); as many as fit LANE_BUDGET_S per candidate, at least LANE_REPEATS_MIN
+LANE_REPEATS_MIN, LANE_REPEATS_MAX = 5, 40
+LANE_BUDGET_S = 1.0
+LANE_ROUNDS = 2
 ALONE_MAX_S = 1.0  # the longest the link streams alone waiting for its first finished load
 # more lanes must take at most this share of one lane's compute time: a guard for the noise of
 # the measurement, not a price of their bytes. Lanes read more bytes (each the union of its own
@@ -63,10 +72,16 @@ def _layers(ctx: Context, tokens: list[int], n_layers: int) -> None:
         ctx.seq_rm(seq)
 
 
+def enough_lane_runs(n_timed: int, elapsed_s: float) -> bool:
+    """Whether a lane count has been timed enough: LANE_REPEATS_MAX runs, or LANE_REPEATS_MIN once
+    LANE_BUDGET_S has passed (a large model's calls are long)."""
+    return n_timed >= LANE_REPEATS_MAX or (n_timed >= LANE_REPEATS_MIN and elapsed_s >= LANE_BUDGET_S)
+
+
 def time_lanes(model: Model, cache: ExpertCache, params: ContextParams, lanes: int, n_seq: int,
                n_layers: int = 1, two_pass: bool = False) -> float:
-    """Median seconds of n_seq tokens through the first n_layers layers on `lanes` contexts at once
-    (their MoE layers in two passes if two_pass)."""
+    """Fewest seconds of n_seq tokens through the first n_layers layers on `lanes` contexts at once
+    (their MoE layers in two passes if two_pass), over the runs enough_lane_runs asks for."""
     tokens = _tokens(model, n_seq)
     shares = [tokens[i::lanes] for i in range(lanes)]
     contexts = []
@@ -84,16 +99,22 @@ def time_lanes(model: Model, cache: ExpertCache, params: ContextParams, lanes: i
         times: list[float] = []
         errors: list[BaseException] = []
         barrier = threading.Barrier(lanes)
+        done = threading.Event()  # set by the timing lane before the barrier the others then pass
+        t0 = time.perf_counter()
 
         def run(ctx: Context, share: list[int], timer: bool) -> None:
             try:
-                for repeat in range(REPEATS + 1):
+                for repeat in itertools.count():
                     barrier.wait()
+                    if done.is_set():
+                        return
                     t = time.perf_counter()
                     _layers(ctx, share, n_layers)
                     barrier.wait()
                     if timer and repeat:  # the first loads the experts
                         times.append(time.perf_counter() - t)
+                    if timer and enough_lane_runs(len(times), time.perf_counter() - t0):
+                        done.set()
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 errors.append(e)
                 barrier.abort()
@@ -106,7 +127,7 @@ def time_lanes(model: Model, cache: ExpertCache, params: ContextParams, lanes: i
             w.join()
         if errors:
             raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
-        return statistics.median(times)
+        return min(times)
     finally:
         for ctx in contexts:
             ctx.close()
@@ -127,10 +148,15 @@ def calibration_layers(cache: ExpertCache, n_seq: int) -> int:
 
 def choose_lanes(model: Model, cache: ExpertCache, params: ContextParams, candidates: list[int]) -> tuple[int, dict]:
     """The lane count to run (the first candidate unless a later one takes at most MARGIN of its
-    time), and the seconds each took."""
+    time), and the seconds each took: the fastest of LANE_ROUNDS rounds that time every candidate
+    in turn, so that a hiccup of the machine lasting a candidate's whole measurement is not read
+    as that candidate's speed."""
     n_seq = params.n_seq_max
     layers = max(1, calibration_layers(cache, n_seq))
-    seconds = {k: time_lanes(model, cache, params, k, n_seq, layers) for k in candidates}
+    seconds: dict[int, float] = {}
+    for _ in range(LANE_ROUNDS):
+        for k in candidates:
+            seconds[k] = min(seconds.get(k, math.inf), time_lanes(model, cache, params, k, n_seq, layers))
     best = candidates[0]
     for k in candidates[1:]:
         if seconds[k] <= MARGIN * seconds[best]:

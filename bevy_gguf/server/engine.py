@@ -93,6 +93,7 @@ class ServingEngine:
             "expert_cache_misses_total": c.get("misses", 0),
             "expert_bytes_loaded_total": c["bytes_loaded"],
             "compute_busy_seconds_total": c.get("compute_busy_ns", 0) / 1e9,
+            "compute_used_seconds_total": c.get("compute_used_ns", 0) / 1e9,
             "expert_stall_seconds_total": c["stall_ns"] / 1e9,
             "link_busy_seconds_total": c["link_busy_ns"] / 1e9,
             "link_utilization": c["link_busy_ns"] / 1e9 / uptime,

@@ -174,6 +174,7 @@ typedef struct bevy_cache_params {
     X(prefetch_wasted, "predicted experts it did not select")                                 \
     X(prefetch_missed, "selected experts that were not predicted")                            \
     X(compute_busy_ns, "time at least one gated context computed (totals only)")            \
+    X(compute_used_ns, "compute time weighted by the share of the gate in use (totals only)")   \
     X(second_pass,     "experts a layer computed in a second pass, after their loads")
 
 typedef struct bevy_counters {

@@ -146,6 +146,7 @@ int32_t bevy_cache_counters(const bevy_cache * cache, int32_t il, bevy_counters 
     *out = cache->cache->counters(il);
     if (il < 0) {
         out->compute_busy_ns = cache->cache->gate().busy_ns();
+        out->compute_used_ns = cache->cache->gate().used_ns();
         out->link_busy_ns    = cache->cache->link_busy_ns();
     }
     return 0;

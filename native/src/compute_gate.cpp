@@ -1,5 +1,7 @@
 #include "compute_gate.hpp"
 
+#include <algorithm>
+
 namespace bevy {
 
 int32_t ComputeGate::enter(uint64_t key, int32_t timeout_ms, int32_t weight, bool or_one) {
@@ -19,6 +21,7 @@ int32_t ComputeGate::enter(uint64_t key, int32_t timeout_ms, int32_t weight, boo
     waiting_.erase(key);
     if (entered) {
         weight = or_one && used_ > 0 ? 1 : weight;
+        account();
         busy_.start();
         used_ += weight;
     }
@@ -29,6 +32,7 @@ int32_t ComputeGate::enter(uint64_t key, int32_t timeout_ms, int32_t weight, boo
 void ComputeGate::leave(int32_t weight) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
+        account();
         busy_.stop();
         used_ -= weight;
     }
@@ -38,6 +42,7 @@ void ComputeGate::leave(int32_t weight) {
 void ComputeGate::set_capacity(int32_t capacity) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
+        account();
         capacity_ = capacity;
     }
     cv_.notify_all();
@@ -46,6 +51,21 @@ void ComputeGate::set_capacity(int32_t capacity) {
 uint64_t ComputeGate::busy_ns() {
     std::lock_guard<std::mutex> lock(mutex_);
     return busy_.ns();
+}
+
+uint64_t ComputeGate::used_ns() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    account();
+    return (uint64_t) used_ns_;
+}
+
+void ComputeGate::account() {
+    const auto now = std::chrono::steady_clock::now();
+    if (used_ > 0 && capacity_ > 0) {
+        const double share = std::min(1.0, (double) used_ / capacity_);
+        used_ns_ += share * (double) std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark_).count();
+    }
+    mark_ = now;
 }
 
 } // namespace bevy

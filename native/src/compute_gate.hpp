@@ -28,14 +28,22 @@ public:
 
     // nanoseconds during which at least one context computed
     uint64_t busy_ns();
+    // nanoseconds of the whole capacity computing: each stretch weighted by the share of the
+    // capacity in use (contexts' weights over the capacity, at most 1), so that lanes computing on
+    // a share of the threads each count as that share of the machine
+    uint64_t used_ns();
 
 private:
+    void account(); // adds the stretch since the last change to used_ns_ (mutex held)
+
     std::mutex              mutex_;
     std::condition_variable cv_;
     std::set<uint64_t>      waiting_;
     BusyClock               busy_;      // active() = contexts computing now
     int32_t                 used_ = 0;  // their weights, summed
     int32_t                 capacity_;
+    double                  used_ns_ = 0.0;
+    std::chrono::steady_clock::time_point mark_ = std::chrono::steady_clock::now();
 };
 
 // the priority key of a context about to compute `layer` of token `token`

@@ -324,3 +324,26 @@ def test_a_decode_on_every_thread_computes_alone_at_the_compute_gate(qwen3_tiny:
         for hook in (a, b, wide):
             hook.end()
             hook.close()
+
+
+def test_compute_used_weighs_each_stretch_by_the_share_of_the_gate_in_use(qwen3_tiny: Path) -> None:
+    """Two lanes (capacity 2): a stretch with one computing counts half in compute_used, with both
+    whole; compute_busy counts any stretch whole."""
+    info = inspect_model(qwen3_tiny)
+    with ExpertCache(info, 4 * CacheLayout.of(info).slot_bytes, LinkSpec.parse("ram")) as cache:
+        cache.set_concurrency(2)
+        a, b = (cache.native.new_hook() for _ in range(2))
+        for hook in (a, b):
+            hook.set_gated(True)
+        a.begin(0)
+        time.sleep(0.3)  # a alone
+        b.begin(1)
+        time.sleep(0.3)  # both
+        a.end()
+        b.end()
+        c = cache.counters()
+        busy, used = c["compute_busy_ns"] / 1e9, c["compute_used_ns"] / 1e9
+        assert busy >= 0.6
+        assert used >= 0.3 + 0.5 * 0.3 and used <= busy - 0.5 * 0.3
+        for hook in (a, b):
+            hook.close()

@@ -42,5 +42,23 @@ def test_slot_classes_each_hold_their_layers_or_layer_0s_twice() -> None:
 def test_more_lanes_only_when_clearly_faster(monkeypatch: pytest.MonkeyPatch, one: float, two: float,
                                              chosen: int) -> None:
     monkeypatch.setattr(calibrate, "time_lanes", lambda m, c, p, lanes, n, layers: {1: one, 2: two}[lanes])
+    monkeypatch.setattr(calibrate, "LANE_ROUNDS", 1)
     got, seconds = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), [1, 2])
     assert got == chosen and seconds == {1: one, 2: two}
+
+
+def test_lane_runs_stop_at_the_most_or_once_the_budget_is_spent_after_the_fewest() -> None:
+    most, fewest, budget = calibrate.LANE_REPEATS_MAX, calibrate.LANE_REPEATS_MIN, calibrate.LANE_BUDGET_S
+    assert not calibrate.enough_lane_runs(most - 1, 0.0)
+    assert calibrate.enough_lane_runs(most, 0.0)
+    assert not calibrate.enough_lane_runs(fewest - 1, 10 * budget)  # long calls: still the fewest
+    assert calibrate.enough_lane_runs(fewest, budget)
+    assert not calibrate.enough_lane_runs(fewest, 0.5 * budget)
+
+
+def test_a_hiccup_over_one_round_of_a_lane_count_is_not_its_speed(monkeypatch: pytest.MonkeyPatch) -> None:
+    timed = {1: iter([10.0, 10.0]), 2: iter([20.0, 8.0])}  # two lanes' first round hit by a hiccup
+    monkeypatch.setattr(calibrate, "LANE_ROUNDS", 2)
+    monkeypatch.setattr(calibrate, "time_lanes", lambda m, c, p, lanes, n, layers: next(timed[lanes]))
+    got, seconds = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), [1, 2])
+    assert got == 2 and seconds == {1: 10.0, 2: 8.0}
