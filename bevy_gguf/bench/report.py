@@ -138,11 +138,13 @@ def markdown(report: dict[str, Any], command: str) -> str:
             target = f"{'≤' if r.at_most else '≥'} {r.target:g}" if r.target is not None else "-"
             link = f"{_link_cell(r.link)} | " if sweep else ""
             lines.append(f"| {r.name} | {r.cache:.0f}% | {link}{r.value:.2f} | {spread} | {target} | {verdict(r)} |")
+        lines += _missed_lines(report, ratios, sweep)
     tok_s = ("decode outputs inside the steady-state window / its length (the joiners' prefill runs inside it, "
              "as on a server; TTFT from admission, of the requests admitted inside it)" if p["workload"] == "serve"
              else "decode tokens / decode wall time (prefill excluded, TTFT apart)")
     lines += ["", f"Definitions: tok/s = {tok_s}; compute busy ="
-              " time at least one graph computes; link busy = time at least one transfer is in flight; overlap "
+              " time at least one graph computes; compute used = that time weighted by the share of the threads "
+              "computing (lanes); link busy = time at least one transfer is in flight; overlap "
               "efficiency = max(compute busy, link busy) / decode wall time.", ""]
     return "\n".join(lines)
 
@@ -415,3 +417,56 @@ def _balance_lines(report: dict[str, Any], sweep: bool) -> list[str]:
         f"| {cache:.0f}% | " + (f"{_link_cell(link)} | " if sweep else "") + f"{value:.2f} | "
         + ("balanced" if is_balanced(value) else "link-bound" if value > high else "compute-bound") + " |"
         for cache, link, value in points]
+
+
+def _per_token(row: dict[str, Any] | None, key: str) -> float | None:
+    """A run's total over its window per decode token (None where either is missing)."""
+    if not row or row.get(key) is None or not row.get("decode_tokens"):
+        return None
+    return row[key] / row["decode_tokens"]
+
+
+def _over(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a is not None and b else "-"
+
+
+def _missed_lines(report: dict[str, Any], ratios: list[Any], sweep: bool) -> list[str]:
+    """At each point where a target was missed, what bevy measured there beside blocking and the
+    bound: the figures that say why (the link's busy share, bytes per decode token over
+    blocking's and Belady's, compute used per token, the split calls' Python time, the threads
+    a prompt call gets)."""
+    missed: dict[tuple[float, str | None], list[str]] = {}
+    for r in ratios:
+        if r.met is False:
+            missed.setdefault((r.cache, r.link), []).append(r.name)
+    rows = {(r["system"], r["cache"], r.get("link_point")): r for r in report["runs"]}
+    bounds = {(b["cache"], b.get("link_point")): b for b in report["bound"]}
+    p = report["protocol"]
+    lines = []
+    for (cache, link), names in missed.items():
+        bevy, blocking = rows.get(("bevy", cache, link)), rows.get(("blocking", cache, link))
+        if not bevy:
+            continue
+        bound = bounds.get((cache, link)) or {}
+        belady = bound.get("belady_bytes") / p["decode_tokens"] if bound.get("belady_bytes") and p.get(
+            "decode_tokens") else None
+        calls_s = (bevy.get("python_per_call_ms") or 0) * (bevy.get("layer_calls") or 0) / 1e3
+        window = bevy.get("window_s") or bevy.get("decode_s")
+        lanes = (bevy.get("lanes") or [1])[0] or 1
+        lines.append(
+            f"| {cache:.0f}% | " + (f"{_link_cell(link)} | " if sweep else "") + f"{len(names)} | "
+            f"{_fmt(bevy.get('link_utilization'), '.2f')} / {_fmt((blocking or {}).get('link_utilization'), '.2f')} | "
+            f"{_over(_per_token(bevy, 'bytes_loaded'), _per_token(blocking, 'bytes_loaded'))} / "
+            f"{_over(_per_token(bevy, 'bytes_loaded'), belady)} | "
+            f"{_over(_per_token(bevy, 'compute_used_s'), _per_token(blocking, 'compute_used_s'))} | "
+            f"{_fmt(window and 100 * calls_s / window, '.0f')}% | {max(1, p['threads'] // lanes)} of {p['threads']} |")
+    if not lines:
+        return []
+    return ["", "What bevy measured where a target was missed (per point: how many missed; its link busy share "
+            "of the window beside blocking's; its bytes per decode token over blocking's and over Belady's "
+            "misses of the recorded order; its compute used per decode token over blocking's; the share of "
+            "its window its step loop spent in Python between calls; the threads a call, a prompt chunk's "
+            "included, computes on):", "",
+            "| cache | " + ("link | " if sweep else "") + "missed | link util, bevy / blocking | bytes per token over "
+            "blocking's / Belady's | compute used per token over blocking's | Python between calls | threads a call |",
+            "|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|"] + lines

@@ -38,6 +38,8 @@ COST_TARGETS = {"compute_used_s": ("bevy compute used / blocking's", 1.15),
                 "bytes_loaded": ("bevy bytes loaded / blocking's", 1.0),
                 "tpot_p99_ms": ("bevy TPOT p99 / blocking's", 1.1),
                 "ttft_ms": ("bevy TTFT p50 / blocking's", 1.0)}
+# totals over a run: compared per decode token where the rows count their windows' tokens
+PER_TOKEN = ("compute_used_s", "bytes_loaded")
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +165,16 @@ def _server_ratios(rows: dict[tuple[str, float, str | None], dict[str, Any]], re
 
 
 def _cost_ratios(bevy: dict[str, Any], blocking: dict[str, Any] | None, cache: float, link: str | None) -> list[Ratio]:
-    """bevy's compute busy, bytes loaded, TPOT p99 and TTFT p50 over blocking's at a point
-    (medians; no per-repeat range: the rows keep only each repeat's tok/s), each against its
-    ceiling."""
+    """bevy's compute used and bytes loaded (per decode token where the rows count their windows'
+    tokens), TPOT p99 and TTFT p50 over blocking's at a point (medians; no per-repeat range: the
+    rows keep only each repeat's tok/s), each against its ceiling."""
     out = []
     for key, (name, ceiling) in COST_TARGETS.items():
         mine, theirs = bevy.get(key), (blocking or {}).get(key)
+        tokens = bevy.get("decode_tokens"), (blocking or {}).get("decode_tokens")
+        if key in PER_TOKEN and mine is not None and theirs and all(tokens):
+            # per decode token: serving windows hold different numbers of decode tokens
+            mine, theirs = mine / tokens[0], theirs / tokens[1]
         if mine is not None and theirs:
             out.append(Ratio(name, cache, mine / theirs, target=ceiling, link=link, at_most=True))
     return out

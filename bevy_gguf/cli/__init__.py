@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -217,7 +218,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     inspect_model(cfg.model)
     report = run_bench(cfg, progress=sys.stderr.isatty() and not args.json)
-    command = "bevy-gguf " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("bevy-gguf") else "bevy-gguf bench ..."
+    command = "bevy-gguf " + shlex.join(args.argv)  # as given, run as `bevy-gguf` or `python -m bevy_gguf.cli`
     if args.out:
         for path in write_outputs(report, Path(args.out), command):
             print(f"wrote {path}", file=sys.stderr)
@@ -512,6 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # the command line, for reports
     if hasattr(args, "model_pos"):
         resolve_model(args.subparser, args)
     try:

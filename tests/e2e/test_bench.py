@@ -108,6 +108,7 @@ def test_outputs_written(bench: tuple[dict, Path]) -> None:
     doc, out = bench
     assert json.loads((out / "report.json").read_text())["runs"] == doc["runs"]
     md = (out / "report.md").read_text()
+    assert "Command: `bevy-gguf bench " in md and "--sweep cache=25%,100% --repeats 2" in md  # as run
     assert "| link GB/s while busy |" in md
     assert "| bevy |" in md and ("Link: file (O_DIRECT)" in md or "Link: file (buffered" in md)
     assert "| system | cache | epochs on / whole | k token-layers/s on / whole | Python ms per call |" in md

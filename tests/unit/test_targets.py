@@ -72,3 +72,29 @@ def test_lanes_compute_is_judged_by_the_share_of_the_threads_they_used() -> None
     r = {x.name: x for x in measured_ratios({"protocol": {"repeats": 2}, "runs": runs, "bound": []})}
     assert r["bevy compute used / blocking's"].value == pytest.approx(1.1)
     assert r["bevy compute used / blocking's"].met is True
+
+
+def test_bytes_and_compute_are_compared_per_decode_token_where_the_windows_count_them() -> None:
+    runs = [_row("blocking", 50.0, 100.0, 2.0, 1.0, 1e9), _row("bevy", 50.0, 130.0, 2.0, 1.0, 1e9)]
+    runs[0]["decode_tokens"], runs[1]["decode_tokens"] = 2000, 1600  # the same bytes for fewer tokens
+    r = {x.name: x for x in measured_ratios({"protocol": {"repeats": 2}, "runs": runs, "bound": []})}
+    assert r["bevy bytes loaded / blocking's"].value == pytest.approx(1.25)
+    assert r["bevy bytes loaded / blocking's"].met is False
+    assert r["bevy compute used / blocking's"].value == pytest.approx(1.25)  # 2.0 s for fewer tokens
+
+
+def test_a_missed_target_comes_with_what_bevy_measured_at_its_point() -> None:
+    from bevy_gguf.bench.report import _missed_lines
+
+    runs = [_row("blocking", 50.0, 100.0, 2.0, 1.0, 1e9), _row("bevy", 50.0, 90.0, 2.0, 1.0, 1.5e9)]
+    runs[0] |= {"decode_tokens": 1000, "link_utilization": 0.5}
+    runs[1] |= {"decode_tokens": 1000, "link_utilization": 0.9, "lanes": [2, 2], "python_per_call_ms": 1.0,
+                "layer_calls": 500, "window_s": 5.0}
+    report = {"protocol": {"repeats": 2, "threads": 2, "decode_tokens": 1000}, "runs": runs,
+              "bound": [{"cache": 50.0, "link_point": "file", "belady_bytes": 0.5e9}]}
+    lines = _missed_lines(report, measured_ratios(report), sweep=False)
+    # missed: slower than blocking, more bytes, a slower TPOT p99 (100 against 80 ms)
+    assert lines[-1] == "| 50% | 3 | 0.90 / 0.50 | 1.50 / 3.00 | 1.00 | 10% | 1 of 2 |"
+    runs[1] |= {"tok_per_s": 130.0, "repeats": [130.0, 130.0], "bytes_loaded": 1e9}
+    runs[1]["tpot_p99_ms"] = runs[0]["tpot_p99_ms"]
+    assert _missed_lines(report, measured_ratios(report), sweep=False) == []  # every target met
