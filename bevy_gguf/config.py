@@ -149,7 +149,7 @@ class EngineConfig:
     wait_timeout_s: float = 300.0        # a decode waiting longer for experts fails
     seed: int = 0                        # of the random eviction policy
     lanes: int = 0                       # bevy: contexts the sequences are split into, each on its own share of
-                                         # the threads (0: one, or one per thread, as measured at start)
+                                         # the threads (0: 1, 2, 4, ... up to one per thread, as measured at start)
     split_factor: float = 1.0            # bevy: a group waits for a flight whose loads land within this many
                                          # times its predicted compute (0: run whatever is ready)
     load_budget: float = 1.0             # bevy: distinct experts the flights past the front may have loading or

@@ -105,7 +105,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
                   "+ per attended position-layer + per MoE layer in two passes, the last fitted once calls of "
                   "both kinds were seen; the start-up calibration's, with every expert resident, beside it), and "
                   "the link's time per expert load:", "",
-                  "| cache | " + ("link | " if sweep else "") + "lanes (per run) | 1 layer, 1 / k lanes ms | lane | "
+                  "| cache | " + ("link | " if sweep else "") + "lanes (per run) | 1, 2, ... lanes ms | lane | "
                   "calls | fixed µs | per layer µs | per token-layer µs | per expert µs | per 1k positions-layer µs | "
                   "two-pass layer µs, fitted / calibrated | link ms per load |",
                   "|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|---|---|---|---|---|"]

@@ -327,7 +327,8 @@ def add_engine_args(p: argparse.ArgumentParser, parallel_help: str, scheduler: b
                    help="a decode waiting longer for experts fails with an error")
     p.add_argument("--lanes", type=int, default=0,
                    help="bevy: split the sequences into this many contexts, each on its own share of the threads "
-                        "(default 0: one, or one per thread, whichever this machine runs faster, measured at start)")
+                        "(default 0: 1, 2, 4, ... up to one per thread, whichever this machine runs fastest, "
+                        "measured at start)")
     p.add_argument("--two-pass", choices=TWO_PASS, default="auto",
                    help="compute each MoE layer's loaded experts while its missing ones load, then those "
                         "(the logits of one pass; default auto: bevy and bevy-ctx do, blocking and prefetch "

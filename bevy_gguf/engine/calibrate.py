@@ -146,6 +146,16 @@ def calibration_layers(cache: ExpertCache, n_seq: int) -> int:
     return first + 1 if 2 * per_layer <= cache.class_slots[layout.layer_class[first]] else 0
 
 
+def lane_candidates(most: int) -> list[int]:
+    """The lane counts to time: 1, then doubling up to `most`, and `most` (on a 16-core machine
+    with 8 sequences: 1, 2, 4, 8; a count between may beat both ends, and each lane's prompt
+    calls get fewer threads the more lanes there are)."""
+    counts = [1]
+    while counts[-1] * 2 < most:
+        counts.append(counts[-1] * 2)
+    return counts + [most] if most > 1 else counts
+
+
 def choose_lanes(model: Model, cache: ExpertCache, params: ContextParams, candidates: list[int]) -> tuple[int, dict]:
     """The lane count to run (the first candidate unless a later one takes at most MARGIN of its
     time), and the seconds each took: the fastest of LANE_ROUNDS rounds that time every candidate

@@ -62,3 +62,21 @@ def test_a_hiccup_over_one_round_of_a_lane_count_is_not_its_speed(monkeypatch: p
     monkeypatch.setattr(calibrate, "time_lanes", lambda m, c, p, lanes, n, layers: next(timed[lanes]))
     got, seconds = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), [1, 2])
     assert got == 2 and seconds == {1: 10.0, 2: 8.0}
+
+
+def test_lane_counts_timed_double_from_one_up_to_the_most() -> None:
+    assert calibrate.lane_candidates(1) == [1]
+    assert calibrate.lane_candidates(2) == [1, 2]
+    assert calibrate.lane_candidates(6) == [1, 2, 4, 6]
+    assert calibrate.lane_candidates(8) == [1, 2, 4, 8]
+
+
+def test_a_lane_count_between_is_chosen_where_it_is_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
+    timed = {1: 10.0, 2: 7.0, 4: 6.0, 8: 6.5}  # 8 lanes beat one, but 4 beat them all
+    monkeypatch.setattr(calibrate, "LANE_ROUNDS", 1)
+    monkeypatch.setattr(calibrate, "time_lanes", lambda m, c, p, lanes, n, layers: timed[lanes])
+    got, _ = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), calibrate.lane_candidates(8))
+    assert got == 4
+    timed[4], timed[8] = 6.9, 6.8  # within the margin of 2 lanes' time: fewer lanes
+    got, _ = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), calibrate.lane_candidates(8))
+    assert got == 2

@@ -37,7 +37,13 @@ from bevy_gguf._native import llama_ext
 from bevy_gguf._native.llama_handles import Context, ContextParams, Model
 from bevy_gguf.config import DEFAULT_RUNAHEAD
 from bevy_gguf.engine.cache_layout import DENSE
-from bevy_gguf.engine.calibrate import StepCosts, calibration_layers, choose_lanes, time_step_costs
+from bevy_gguf.engine.calibrate import (
+    StepCosts,
+    calibration_layers,
+    choose_lanes,
+    lane_candidates,
+    time_step_costs,
+)
 from bevy_gguf.engine.cost_model import CallCostModel, CallShape, LinkTimePerLoad
 from bevy_gguf.engine.expert_cache import ExpertCache
 from bevy_gguf.engine.plan import (
@@ -198,8 +204,9 @@ class SelfBalancingRunner:
         return self._merge(lanes)
 
     def _measured_lanes(self, params: ContextParams) -> int:
-        """One lane, or every thread a lane of its own, whichever this machine runs faster
-        (calibrate.py); measured once per (sequences, threads) and remembered."""
+        """One lane, every thread a lane of its own, or a count between (calibrate.lane_candidates),
+        whichever this machine runs fastest (calibrate.py); measured once per (sequences, threads)
+        and remembered."""
         n_seq = params.n_seq_max
         most = self.lanes_for(n_seq, asked=self.n_threads)
         key = (n_seq, self.n_threads)
@@ -210,7 +217,8 @@ class SelfBalancingRunner:
                 try:
                     with self.cache.not_learning():
                         self.lane_memo[key], self.lane_seconds = choose_lanes(
-                            self.model, self.cache, dataclasses.replace(params, n_threads=self.n_threads), [1, most])
+                            self.model, self.cache, dataclasses.replace(params, n_threads=self.n_threads),
+                            lane_candidates(most))
                 except BevyError as e:  # a load failed (the link): run one lane, measure again next time
                     self.calibration_error = str(e)
                     return 1
