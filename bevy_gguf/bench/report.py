@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bevy_gguf._native import libbevy as native
-from bevy_gguf.bench.targets import BALANCED, balance, is_balanced, measured_ratios, verdict
+from bevy_gguf.bench.targets import BALANCED, balance, is_balanced, measured_ratios, per_token, verdict
 from bevy_gguf.workload.serving import DECODE_TOKENS, PROMPT_TOKENS, serve_range
 
 TARGETS = "docs/benchmark.md"
@@ -419,13 +419,6 @@ def _balance_lines(report: dict[str, Any], sweep: bool) -> list[str]:
         for cache, link, value in points]
 
 
-def _per_token(row: dict[str, Any] | None, key: str) -> float | None:
-    """A run's total over its window per decode token (None where either is missing)."""
-    if not row or row.get(key) is None or not row.get("decode_tokens"):
-        return None
-    return row[key] / row["decode_tokens"]
-
-
 def _over(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}" if a is not None and b else "-"
 
@@ -456,9 +449,9 @@ def _missed_lines(report: dict[str, Any], ratios: list[Any], sweep: bool) -> lis
         lines.append(
             f"| {cache:.0f}% | " + (f"{_link_cell(link)} | " if sweep else "") + f"{len(names)} | "
             f"{_fmt(bevy.get('link_utilization'), '.2f')} / {_fmt((blocking or {}).get('link_utilization'), '.2f')} | "
-            f"{_over(_per_token(bevy, 'bytes_loaded'), _per_token(blocking, 'bytes_loaded'))} / "
-            f"{_over(_per_token(bevy, 'bytes_loaded'), belady)} | "
-            f"{_over(_per_token(bevy, 'compute_used_s'), _per_token(blocking, 'compute_used_s'))} | "
+            f"{_over(per_token(bevy, 'bytes_loaded'), per_token(blocking, 'bytes_loaded'))} / "
+            f"{_over(per_token(bevy, 'bytes_loaded'), belady)} | "
+            f"{_over(per_token(bevy, 'compute_used_s'), per_token(blocking, 'compute_used_s'))} | "
             f"{_fmt(window and 100 * calls_s / window, '.0f')}% | {max(1, p['threads'] // lanes)} of {p['threads']} |")
     if not lines:
         return []

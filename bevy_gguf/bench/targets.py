@@ -164,6 +164,13 @@ def _server_ratios(rows: dict[tuple[str, float, str | None], dict[str, Any]], re
     return out
 
 
+def per_token(row: dict[str, Any] | None, key: str) -> float | None:
+    """A run's total over its window per decode token (None where either is missing)."""
+    if not row or row.get(key) is None or not row.get("decode_tokens"):
+        return None
+    return row[key] / row["decode_tokens"]
+
+
 def _cost_ratios(bevy: dict[str, Any], blocking: dict[str, Any] | None, cache: float, link: str | None) -> list[Ratio]:
     """bevy's compute used and bytes loaded (per decode token where the rows count their windows'
     tokens), TPOT p99 and TTFT p50 over blocking's at a point (medians; no per-repeat range: the
@@ -171,10 +178,10 @@ def _cost_ratios(bevy: dict[str, Any], blocking: dict[str, Any] | None, cache: f
     out = []
     for key, (name, ceiling) in COST_TARGETS.items():
         mine, theirs = bevy.get(key), (blocking or {}).get(key)
-        tokens = bevy.get("decode_tokens"), (blocking or {}).get("decode_tokens")
-        if key in PER_TOKEN and mine is not None and theirs and all(tokens):
+        per_token_pair = per_token(bevy, key), per_token(blocking, key)
+        if key in PER_TOKEN and None not in per_token_pair:
             # per decode token: serving windows hold different numbers of decode tokens
-            mine, theirs = mine / tokens[0], theirs / tokens[1]
+            mine, theirs = per_token_pair
         if mine is not None and theirs:
             out.append(Ratio(name, cache, mine / theirs, target=ceiling, link=link, at_most=True))
     return out
