@@ -8,8 +8,9 @@ machines lanes decode faster and on others slower (measured: two lanes were 1.22
 a 75% cache on one 2-core machine, and slower than blocking on another). So the runner times it:
 the same batch of tokens through a whole step (every layer in one call; one layer when the
 cache cannot hold a step's experts), as one context of every thread and as k lanes
-computing at once, each many times after a warm-up that loads the experts it reads, and takes
-the fastest (fewer lanes unless more are faster by a margin that guards the noise).
+calling side by side, each after a warm-up call that loads the experts it reads, and takes the
+one that puts the most tokens through per second (fewer lanes unless more are faster by a margin
+that guards the noise).
 
 Two passes per MoE layer (patch 0004) add graph nodes to every MoE layer, which cost time even
 where nothing misses (measured on the default model: bevy at a 90% cache 0.91-0.98x blocking
@@ -22,7 +23,6 @@ would hide pays for them (plan.two_pass_pays).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import statistics
 import threading
@@ -37,10 +37,14 @@ from bevy_gguf.engine.cache_layout import PAGE
 from bevy_gguf.engine.expert_cache import ExpertCache
 
 REPEATS = 5        # timed runs per candidate (median) of the step costs
-# the lane measurement: single calls of a few ms, whose noise only ever adds time, so the
-# fastest of many runs (on a 2-core machine, the ratio two lanes / one lane read 0.68-0.95 as
-# the median of 5 runs, with one lane chosen in about a third of the runs, and 0.67-0.83 as the
-# fastest of 40); as many as fit LANE_BUDGET_S per candidate, at least LANE_REPEATS_MIN
+# the lane measurement: each lane calls on its own, and a count is timed by the tokens per second
+# its lanes put through together (time_lanes). Timed instead by the fastest single call with the
+# lanes starting together at a barrier, two lanes read 0.67-0.83 of one lane on one 2-core machine
+# and 0.98-1.26 on another (AVX-512), which then ran one lane, yet two lanes served 1.01-1.16x one
+# lane there (the serving stream at 25-90%): one lane leaves the machine idle while its step loop
+# runs Python, which lanes overlap with each other's compute; by throughput that machine reads
+# 0.83-0.97 (two lanes in 8 of 9 runs). The first lane runs at least LANE_REPEATS_MIN calls, at
+# most LANE_REPEATS_MAX, and stops between them once LANE_BUDGET_S has passed
 LANE_REPEATS_MIN, LANE_REPEATS_MAX = 5, 40
 LANE_BUDGET_S = 1.0
 LANE_ROUNDS = 2
@@ -80,8 +84,13 @@ def enough_lane_runs(n_timed: int, elapsed_s: float) -> bool:
 
 def time_lanes(model: Model, cache: ExpertCache, params: ContextParams, lanes: int, n_seq: int,
                n_layers: int = 1, two_pass: bool = False) -> float:
-    """Fewest seconds of n_seq tokens through the first n_layers layers on `lanes` contexts at once
-    (their MoE layers in two passes if two_pass), over the runs enough_lane_runs asks for."""
+    """Seconds per n_seq tokens through the first n_layers layers with `lanes` contexts side by
+    side (their MoE layers in two passes if two_pass): n_seq over the tokens per second the lanes
+    put through together, each lane calling on its own from a common start, as a run's lanes do
+    (their calls interleave with their step loops' Python, which one lane leaves the machine idle
+    for and several overlap with each other's compute). Each lane's rate is its calls over its own
+    span (start to its last finished call), so a call cut off at the end costs nothing; the span
+    lasts as enough_lane_runs asks of the first lane's calls."""
     tokens = _tokens(model, n_seq)
     shares = [tokens[i::lanes] for i in range(lanes)]
     contexts = []
@@ -94,44 +103,52 @@ def time_lanes(model: Model, cache: ExpertCache, params: ContextParams, lanes: i
             contexts.append(ctx)
             cache.attach(ctx, two_pass=two_pass)
         cache.set_concurrency(lanes)
-        # each lane on one thread for every repeat, as in a run (a new thread would start a new
-        # OpenMP team: its start-up would be timed); repeats begin together at a barrier
-        times: list[float] = []
+        # each lane on one thread throughout, as in a run (a new thread would start a new OpenMP
+        # team: its start-up would be timed); the first call of each loads its experts, untimed
+        spans: list[tuple[int, float] | None] = [None] * lanes  # per lane: calls, seconds
         errors: list[BaseException] = []
         barrier = threading.Barrier(lanes)
-        done = threading.Event()  # set by the timing lane before the barrier the others then pass
-        t0 = time.perf_counter()
+        done = threading.Event()  # set by the first lane once it has run enough
 
-        def run(ctx: Context, share: list[int], timer: bool) -> None:
+        def run(i: int, ctx: Context, share: list[int]) -> None:
             try:
-                for repeat in itertools.count():
-                    barrier.wait()
-                    if done.is_set():
-                        return
-                    t = time.perf_counter()
+                _layers(ctx, share, n_layers)
+                barrier.wait()
+                t0 = time.perf_counter()
+                calls, last = 0, t0
+                while not done.is_set():
                     _layers(ctx, share, n_layers)
-                    barrier.wait()
-                    if timer and repeat:  # the first loads the experts
-                        times.append(time.perf_counter() - t)
-                    if timer and enough_lane_runs(len(times), time.perf_counter() - t0):
+                    calls, last = calls + 1, time.perf_counter()
+                    if i == 0 and enough_lane_runs(calls, last - t0):
                         done.set()
+                spans[i] = (calls, last - t0)
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 errors.append(e)
+                done.set()
                 barrier.abort()
 
-        workers = [threading.Thread(target=run, args=(c, s, False)) for c, s in zip(contexts[1:], shares[1:])]
+        workers = [threading.Thread(target=run, args=(i, c, s)) for i, (c, s) in enumerate(zip(contexts, shares)) if i]
         for w in workers:
             w.start()
-        run(contexts[0], shares[0], True)  # the first lane on this thread
+        run(0, contexts[0], shares[0])  # the first lane on this thread
         for w in workers:
             w.join()
         if errors:
             raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
-        return min(times)
+        return seconds_per_batch(n_seq, [len(share) for share in shares], spans)
     finally:
         for ctx in contexts:
             ctx.close()
         cache.release_hooks()
+
+
+def seconds_per_batch(n_seq: int, lane_tokens: list[int], spans: list[tuple[int, float] | None]) -> float:
+    """n_seq over the tokens per second of lanes that ran side by side: lane i put lane_tokens[i]
+    tokens through each of its calls, spans[i] = (calls, seconds) (a lane that finished no call
+    adds nothing); inf if none did."""
+    rate = sum(tokens * span[0] / span[1] for tokens, span in zip(lane_tokens, spans)
+               if span and span[0] and span[1] > 0)
+    return n_seq / rate if rate > 0 else math.inf
 
 
 def calibration_layers(cache: ExpertCache, n_seq: int) -> int:

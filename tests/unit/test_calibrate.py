@@ -80,3 +80,13 @@ def test_a_lane_count_between_is_chosen_where_it_is_fastest(monkeypatch: pytest.
     timed[4], timed[8] = 6.9, 6.8  # within the margin of 2 lanes' time: fewer lanes
     got, _ = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), calibrate.lane_candidates(8))
     assert got == 2
+
+
+def test_lanes_are_timed_by_the_tokens_per_second_they_put_through_together() -> None:
+    # one lane of 8 tokens, 10 calls in a second: 80 tokens/s, 0.1 s per batch of 8
+    assert calibrate.seconds_per_batch(8, [8], [(10, 1.0)]) == pytest.approx(0.1)
+    # two lanes of 4, each at its own pace over its own span: 4*12/1.2 + 4*9/0.9 = 80 tokens/s
+    assert calibrate.seconds_per_batch(8, [4, 4], [(12, 1.2), (9, 0.9)]) == pytest.approx(0.1)
+    # a lane that finished no call adds nothing; none at all: never chosen
+    assert calibrate.seconds_per_batch(8, [4, 4], [(10, 1.0), (0, 0.0)]) == pytest.approx(0.2)
+    assert calibrate.seconds_per_batch(8, [4, 4], [None, (0, 0.0)]) == float("inf")
