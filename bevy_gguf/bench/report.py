@@ -441,8 +441,7 @@ def _missed_lines(report: dict[str, Any], ratios: list[Any], sweep: bool) -> lis
         if not bevy:
             continue
         bound = bounds.get((cache, link)) or {}
-        belady = bound.get("belady_bytes") / p["decode_tokens"] if bound.get("belady_bytes") and p.get(
-            "decode_tokens") else None
+        belady = per_token(bound | {"decode_tokens": p.get("decode_tokens")}, "belady_bytes")
         calls_s = (bevy.get("python_per_call_ms") or 0) * (bevy.get("layer_calls") or 0) / 1e3
         window = bevy.get("window_s") or bevy.get("decode_s")
         lanes = (bevy.get("lanes") or [1])[0] or 1

@@ -178,10 +178,8 @@ def _cost_ratios(bevy: dict[str, Any], blocking: dict[str, Any] | None, cache: f
     out = []
     for key, (name, ceiling) in COST_TARGETS.items():
         mine, theirs = bevy.get(key), (blocking or {}).get(key)
-        per_token_pair = per_token(bevy, key), per_token(blocking, key)
-        if key in PER_TOKEN and None not in per_token_pair:
-            # per decode token: serving windows hold different numbers of decode tokens
-            mine, theirs = per_token_pair
+        if key in PER_TOKEN and None not in (pair := (per_token(bevy, key), per_token(blocking, key))):
+            mine, theirs = pair  # per decode token: serving windows hold different numbers of decode tokens
         if mine is not None and theirs:
             out.append(Ratio(name, cache, mine / theirs, target=ceiling, link=link, at_most=True))
     return out

@@ -127,7 +127,7 @@ def time_lanes(model: Model, cache: ExpertCache, params: ContextParams, lanes: i
                 done.set()
                 barrier.abort()
 
-        workers = [threading.Thread(target=run, args=(i, c, s)) for i, (c, s) in enumerate(zip(contexts, shares)) if i]
+        workers = [threading.Thread(target=run, args=(i, contexts[i], shares[i])) for i in range(1, lanes)]
         for w in workers:
             w.start()
         run(0, contexts[0], shares[0])  # the first lane on this thread
