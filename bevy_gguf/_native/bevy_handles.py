@@ -273,6 +273,10 @@ class NativeCache:
     def pinned(self) -> int:
         return lib.bevy_cache_pinned(self.handle)
 
+    def version(self) -> int:
+        """Moves on by one as each load lands (bevy_cache_version)."""
+        return lib.bevy_cache_version(self.handle)
+
     def load_s(self) -> float:
         """The recent average time of one load (0 before any)."""
         return lib.bevy_cache_load_ns(self.handle) / 1e9

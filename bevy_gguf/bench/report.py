@@ -102,13 +102,13 @@ def markdown(report: dict[str, Any], command: str) -> str:
     if fits:
         lines += ["", "The call cost model each lane of `bevy` fitted on this machine (last run of each point; "
                   "compute seconds of a layer-range call = fixed + per layer + per token-layer + per expert read "
-                  "+ per attended position-layer + per MoE layer in two passes, the last fitted once calls of "
-                  "both kinds were seen; the start-up calibration's, with every expert resident, beside it), and "
-                  "the link's time per expert load:", "",
+                  "+ per attended position-layer + per MoE layer in two passes + per expert load landing while "
+                  "it computes; the two-pass cost fitted once calls of both kinds were seen, the start-up "
+                  "calibration's, with every expert resident, beside it), and the link's time per expert load:", "",
                   "| cache | " + ("link | " if sweep else "") + "lanes (per run) | 1, 2, ... lanes ms | lane | "
                   "calls | fixed µs | per layer µs | per token-layer µs | per expert µs | per 1k positions-layer µs | "
-                  "two-pass layer µs, fitted / calibrated | link ms per load |",
-                  "|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|---|---|---|---|---|"]
+                  "two-pass layer µs, fitted / calibrated | per load beside µs | link ms per load |",
+                  "|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in fits:
             link = f"{_link_cell(r.get('link_point'))} | " if sweep else ""
             lanes = ", ".join(str(k) for k in r.get("lanes") or []) or "-"
@@ -120,6 +120,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
                              f"{1e6 * m['per_layer']:.0f} | {1e6 * m['per_token_layer']:.1f} | "
                              f"{1e6 * m['per_expert']:.1f} | {1e9 * m['per_context_layer']:.1f} | "
                              f"{_fmt(_us(m.get('two_pass_overhead')))} / {_fmt(_us(r.get('two_pass_overhead_s')))} | "
+                             f"{_fmt(_us(m.get('per_load_beside')))} | "
                              f"{_fmt(r.get('load_s') and 1e3 * r['load_s'], '.2f')} |")
     lines += _runahead_table(report, sweep)
     touched, n_experts = p.get("touched_experts"), p.get("n_experts")

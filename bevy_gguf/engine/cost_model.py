@@ -5,15 +5,20 @@ gate) is modelled as
 
     seconds = fixed + per_layer * layers + per_token_layer * tokens * layers
               + per_expert * experts + per_context_layer * context * layers
-              + per_two_pass_layer * two_pass_layers
+              + per_two_pass_layer * two_pass_layers + per_load_beside * loads_beside
 
 with `experts` the distinct experts its layers read (summed over them), `context` the
-positions its tokens attend to, and `two_pass_layers` its MoE layers computed in two passes
-(patch 0004). The last is what a second pass costs where it runs for real: the start-up
-calibration times it with every expert resident, so its second pass has nothing to compute,
-and it read 33 us a layer where the calls with real second passes computed about 470 us a
-layer more (default model, 90% cache, 2 threads: bevy with two passes where they paid by the
-calibration 0.87x blocking, with one pass 0.98x). Every weight is a cost, so none is negative: the fit is a
+positions its tokens attend to, `two_pass_layers` its MoE layers computed in two passes
+(patch 0004), and `loads_beside` the expert loads (any lane's) that landed while it computed.
+The two-pass weight is what a second pass costs where it runs for real: the start-up
+calibration times it with every expert resident, so its second pass has nothing to compute
+(33 us a layer where calls with real second passes computed about 470 us a layer more: default
+model, 90% cache, 2 threads). The loads feature is there because on a link that copies through
+the CPU each load takes compute from the call it lands beside (the calibration's contention_s),
+and second passes run mostly while loads move: without it the fit put the loads' cost on the
+second passes (0.3-6 ms a two-pass layer against the calibration's 21-172 us, session 17),
+priced so high that a second pass would never pay where only the expected loads speak for it
+(plan.two_pass_pays). Every weight is a cost, so none is negative: the fit is a
 non-negative least squares (Lawson-Hanson) on the calls seen, older calls forgotten
 exponentially, so it follows the machine (its speed, its other load) as it runs. In decode the
 features move together (experts and context grow with tokens x layers); an unconstrained fit
@@ -28,9 +33,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FEATURES = ("fixed", "per_layer", "per_token_layer", "per_expert", "per_context_layer", "per_two_pass_layer")
+FEATURES = ("fixed", "per_layer", "per_token_layer", "per_expert", "per_context_layer", "per_two_pass_layer",
+            "per_load_beside")
 # features are scaled to be of the same order for the fit: context in thousands of positions
-_SCALE = np.array([1.0, 1.0, 1.0, 1.0, 1e-3, 1.0])
+_SCALE = np.array([1.0, 1.0, 1.0, 1.0, 1e-3, 1.0, 1.0])
+_TWO_PASS = FEATURES.index("per_two_pass_layer")
 MIN_PASS_KINDS = 4  # calls of each kind (with and without second passes) before their difference is fitted
 FORGETTING = 0.995       # per observation: the fit's memory is about 200 calls
 MIN_OBSERVATIONS = 8     # before that, predictions use the mean time per token-layer seen
@@ -47,10 +54,11 @@ class CallShape:
     experts: int  # distinct experts read, summed over its layers
     context: int  # positions its tokens attend to, summed over its tokens
     two_pass_layers: int = 0  # its MoE layers computed in two passes
+    loads_beside: int = 0     # expert loads that landed while it computed (predictions: 0)
 
     def features(self) -> np.ndarray:
         return _SCALE * np.array([1.0, self.layers, self.tokens * self.layers, self.experts,
-                                  self.context * self.layers, self.two_pass_layers])
+                                  self.context * self.layers, self.two_pass_layers, self.loads_beside])
 
 
 def nnls_gram(gram: np.ndarray, rhs: np.ndarray, start: np.ndarray | None = None,
@@ -143,7 +151,7 @@ class CallCostModel:
         (None: not enough calls of both kinds to tell it from the rest)."""
         if self.n < MIN_OBSERVATIONS or min(self._pass_kinds) < MIN_PASS_KINDS:
             return None
-        return float(self._fit()[-1] * _SCALE[-1])
+        return float(self._fit()[_TWO_PASS] * _SCALE[_TWO_PASS])
 
     def as_dict(self) -> dict[str, float | int | None]:
         """The fitted weights in seconds per unit (context per position), the calls seen, and the

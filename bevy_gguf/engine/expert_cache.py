@@ -292,6 +292,10 @@ class ExpertCache:
         """Slots pinned right now (0 when no graph runs and nothing is reserved)."""
         return self.native.pinned()
 
+    def version(self) -> int:
+        """Moves on by one as each load lands: loads landed between two readings, about."""
+        return self.native.version()
+
     def load_s(self) -> float:
         """The link's recent time per expert load, with its workers overlapping (0 before any)."""
         return self.native.load_s()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -122,3 +123,19 @@ def test_a_second_pass_costs_what_calls_with_and_without_one_computed() -> None:
         model.observe(s, true_seconds(s) + (8 * 5e-4 if two else 0.0))
     assert model.two_pass_overhead() == pytest.approx(5e-4, rel=0.05)
     assert model.as_dict()["per_two_pass_layer"] == pytest.approx(5e-4, rel=0.05)
+
+
+def test_loads_landing_beside_a_call_are_not_taken_for_its_second_passes() -> None:
+    # second passes run while loads move, and on a link that copies through the CPU each load
+    # takes 80 us of compute from the call; one-pass calls see a few (the other lane's)
+    rng = random.Random(2)
+    model = CallCostModel()
+    for i, shape in enumerate(shapes(400)):
+        two = i % 2 == 0
+        beside = rng.randint(8, 20) if two else rng.randint(0, 6)
+        s = dataclasses.replace(shape, two_pass_layers=shape.layers if two else 0, loads_beside=beside)
+        model.observe(s, true_seconds(s) + 3e-5 * s.two_pass_layers + 8e-5 * beside)
+    assert model.two_pass_overhead() == pytest.approx(3e-5, rel=0.05)  # not 30 us + the loads' 80 us each
+    assert model.as_dict()["per_load_beside"] == pytest.approx(8e-5, rel=0.05)
+    s = CallShape(1, 8, 30, 2000)  # a prediction is of a call with nothing loading beside it
+    assert model.predict(s) == pytest.approx(true_seconds(s), rel=0.05)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from bevy_gguf.engine.plan import FIRST, Flight, Group, Plan, PolicyParams, admit_loads, nothing_to_share, plan
 
@@ -303,18 +304,17 @@ def test_two_passes_run_where_their_hidden_stall_pays_for_the_second_pass() -> N
 
     costs = MergeCosts(overhead_s=0.001, layer_s=0.003, load_s=0.001, distinct=8)
     layers = range(0, 4)
-    # nothing measured: two passes (never wrong); a flight whose loads are under way: two passes
-    assert two_pass_pays(layers, [0.0] * 4, None, 1e-4, loading=False)
-    assert two_pass_pays(layers, [0.0] * 4, costs, None, loading=False)
-    assert two_pass_pays(layers, [0.0] * 4, costs, 1e-4, loading=True)
+    # nothing measured: two passes (never wrong)
+    assert two_pass_pays(layers, [0.0] * 4, None, 1e-4)
+    assert two_pass_pays(layers, [0.0] * 4, costs, None)
     # nothing misses (a cache that holds the working set): one pass, the second would only cost
-    assert not two_pass_pays(layers, [0.0] * 4, costs, 1e-4, loading=False)
+    assert not two_pass_pays(layers, [0.0] * 4, costs, 1e-4)
     # rare misses: 0.01 x 8 = 0.08 loads expected per layer, x 1 ms, all under the first pass
-    assert not two_pass_pays(layers, [0.01] * 4, costs, 1e-4, loading=False)
-    assert two_pass_pays(layers, [0.01] * 4, costs, 5e-5, loading=False)
+    assert not two_pass_pays(layers, [0.01] * 4, costs, 1e-4)
+    assert two_pass_pays(layers, [0.01] * 4, costs, 5e-5)
     # frequent misses: the first pass covers (1 - 0.5) x 3 ms of the 4 ms of loads per layer
-    assert two_pass_pays(layers, [0.5] * 4, costs, 1e-3, loading=False)
-    assert not two_pass_pays(layers, [0.5] * 4, costs, 2e-3, loading=False)
+    assert two_pass_pays(layers, [0.5] * 4, costs, 1e-3)
+    assert not two_pass_pays(layers, [0.5] * 4, costs, 2e-3)
 
 
 def test_a_second_pass_does_not_pay_where_the_loads_beside_it_cost_what_they_hide() -> None:
@@ -323,12 +323,32 @@ def test_a_second_pass_does_not_pay_where_the_loads_beside_it_cost_what_they_hid
     layers = range(0, 4)
     # a fast link: 0.25 x 8 = 2 loads per layer of 0.1 ms each, all of it under the first pass
     fast = MergeCosts(overhead_s=0.001, layer_s=0.003, load_s=0.0001, distinct=8)
-    assert two_pass_pays(layers, [0.25] * 4, fast, 1e-4, loading=False)  # hides 0.2 ms for 0.1 ms
+    assert two_pass_pays(layers, [0.25] * 4, fast, 1e-4)  # hides 0.2 ms for 0.1 ms
     taxed = MergeCosts(overhead_s=0.001, layer_s=0.003, load_s=0.0001, distinct=8, contention_s=0.00008)
-    assert not two_pass_pays(layers, [0.25] * 4, taxed, 1e-4, loading=False)  # 0.2 - 2 x 0.08 = 0.04 ms < 0.1
+    assert not two_pass_pays(layers, [0.25] * 4, taxed, 1e-4)  # 0.2 - 2 x 0.08 = 0.04 ms < 0.1
     # a slow link: the same tax is small beside what the first pass covers (2.25 ms of 8 ms of loads)
     slow = MergeCosts(overhead_s=0.001, layer_s=0.003, load_s=0.004, distinct=8, contention_s=0.00008)
-    assert two_pass_pays(layers, [0.25] * 4, slow, 1e-3, loading=False)
+    assert two_pass_pays(layers, [0.25] * 4, slow, 1e-3)
+
+
+def test_a_calls_own_pending_loads_buy_two_passes_only_when_the_first_pass_hides_more_than_they_cost() -> None:
+    from bevy_gguf.engine.plan import MergeCosts, PendingLoads, two_pass_pays
+
+    costs = MergeCosts(overhead_s=0.001, layer_s=0.003, load_s=0.001, distinct=8, contention_s=0.00001)
+    nothing_after = range(3, 3)  # the call's own layer (2) and the next, whose experts are known to miss nothing
+    # two loads landing in 2 ms, 6 of 8 experts in: the first pass covers 2 ms (of its 2.25), less 2 x 10 us
+    slow = PendingLoads(seconds=0.002, loads=2, resident=0.75)
+    assert two_pass_pays(nothing_after, [0.0] * 8, costs, 1e-4, moe_layers=8, pending=slow)  # 1.98 ms > 0.8 ms
+    assert not two_pass_pays(nothing_after, [0.0] * 8, costs, 3e-4, moe_layers=8, pending=slow)  # < 2.4 ms
+    # one load landing in 50 us: a whole-step call (8 MoE layers) would pay 8 second passes to hide 40 us
+    quick = PendingLoads(seconds=0.00005, loads=1, resident=0.875)
+    assert not two_pass_pays(nothing_after, [0.0] * 8, costs, 2e-5, moe_layers=8, pending=quick)
+    assert two_pass_pays(nothing_after, [0.0] * 8, costs, 2e-5, moe_layers=1, pending=quick)  # a one-layer call
+    # loads whose landing is not known: what the first pass computes is what it can hide
+    unknown_eta = PendingLoads(seconds=math.inf, loads=4, resident=0.5)
+    assert two_pass_pays(nothing_after, [0.0] * 8, costs, 1e-4, moe_layers=8, pending=unknown_eta)  # 1.5 ms
+    # nothing pending: the own layer counts only as a cost
+    assert not two_pass_pays(nothing_after, [0.0] * 8, costs, 1e-6, moe_layers=1, pending=None)
 
 
 WHOLE = PolicyParams(n_layer=4, max_tokens=64, max_experts=16, hold_decode=False, keep_whole=True)

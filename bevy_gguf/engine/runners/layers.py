@@ -51,6 +51,7 @@ from bevy_gguf.engine.plan import (
     Flight,
     Group,
     MergeCosts,
+    PendingLoads,
     PolicyParams,
     admit_loads,
     call_end,
@@ -491,16 +492,18 @@ class _Lane:
 
     def _decode(self, ctx: Context, requests: dict[int, Request], members: list[Flight],
                 rows: list[tuple[int, int, int, bool]], hidden: list[np.ndarray] | None,
-                layers: tuple[int, int, bool, bool], count_from: int) -> tuple[float, float, int, float] | None:
+                layers: tuple[int, int, bool, bool], count_from: int) -> tuple[float, float, int, float, int] | None:
         """One llama_decode_layers call of members (layers: il_begin, il_end, lookahead, reuse) inside
         its turn at the compute gate; sets _call_s. Returns (its start, when the gate let it in,
-        experts it pinned, seconds it waited), or None: it failed, and so did its members."""
+        experts it pinned, seconds it waited, loads that landed while it ran), or None: it failed,
+        and so did its members."""
         if not self.keep_reservations:  # the call pins what it uses; held ones could only deadlock it
             self.cache.unreserve_all(self.owner)
         self._ask_wide(ctx, any(f.prefill for f in members))
         start_t = time.perf_counter()
         self.cache.begin(ctx, min(f.progress for f in members), count_from)
         call_t = time.perf_counter()  # after the gate let it in
+        version = self.cache.version()
         self._set_threads(ctx)
         try:
             ctx.decode_layers(rows, hidden, *layers)
@@ -511,7 +514,7 @@ class _Lane:
         finally:
             used_experts, waited_s = self.cache.end(ctx)
             self._call_s = time.perf_counter() - start_t
-        return start_t, call_t, used_experts, waited_s
+        return start_t, call_t, used_experts, waited_s, self.cache.version() - version
 
     def _ask_wide(self, ctx: Context, prompt: bool) -> None:
         """A call with a prompt chunk asks the compute gate for every lane's turn (wide_prefill,
@@ -563,6 +566,7 @@ class _Lane:
         for i, f in enumerate(flights):
             f.ready = f.layer == FIRST or missing[i] == 0
             f.eta = 0.0 if f.ready else eta[i]
+            f.missing = 0 if f.ready else missing[i]
             f.held = f.held and not f.ready
             f.counted = True
         return buf.pass_.version
@@ -623,13 +627,23 @@ class _Lane:
 
     def _set_passes(self, ctx: Context, group: Group, members: list[Flight], il_end: int,
                     costs: MergeCosts | None) -> None:
-        """One pass or two for this call's MoE layers (plan.two_pass_pays); the layers whose
-        experts are not known yet are those after the group's own (from layer 0 for a new block)."""
+        """One pass or two for this call's MoE layers (plan.two_pass_pays): what the first pass
+        at the group's own layer hides of its members' pending loads, and at the layers whose
+        experts are not known yet (those after it; from layer 0 for a new block) of the expected
+        ones, against a second pass on every MoE layer the call computes."""
         if not self.runner.two_pass:
             return
+        begin = 0 if group.layer == FIRST else group.layer
         unknown = range(0 if group.layer == FIRST else group.layer + 1, il_end)
-        want = two_pass_pays(unknown, self.miss_rate, costs, self._pass_overhead_s(),
-                             loading=any(not f.ready for f in members))
+        moe_layers = sum(il not in self.policy.dense for il in range(begin, il_end))
+        loading = [f for f in members if not f.ready]
+        pending = None
+        if loading:
+            union = len(set().union(*(f.experts for f in members))) or 1
+            loads = min(union, sum(f.missing for f in loading))
+            pending = PendingLoads(seconds=max(math.inf if f.eta is None else f.eta for f in loading),
+                                   loads=loads, resident=1.0 - loads / union)
+        want = two_pass_pays(unknown, self.miss_rate, costs, self._pass_overhead_s(), moe_layers, pending)
         if want != self._two_pass_on:  # the next graph is built with (or without) the second passes
             llama_ext.set_two_pass(ctx.lib, ctx.ptr, want)
             self._two_pass_on = want
@@ -711,7 +725,7 @@ class _Lane:
         done = self._decode(ctx, requests, members, rows, hidden, (il_begin, il_end, lookahead, reuse), count_from)
         if done is None:
             return
-        start_t, call_t, used_experts, waited_s = done
+        start_t, call_t, used_experts, waited_s, landed = done
         elapsed = self._call_s
         decode_rows = sum(len(f.tokens) for f in members if not f.prefill)
         if decode_rows:  # the rate is of decode: a prompt chunk's token-layers are far cheaper
@@ -722,7 +736,8 @@ class _Lane:
         two_pass_layers = sum(il not in self.policy.dense for il in range(il_begin, il_end)) if self._two_pass_on else 0
         if not self._wide_on:  # the model is of calls on the lane's threads
             self.cost_model.observe(CallShape(layers=il_end - il_begin, tokens=len(rows), experts=used_experts,
-                                              context=context, two_pass_layers=two_pass_layers),
+                                              context=context, two_pass_layers=two_pass_layers,
+                                              loads_beside=landed),
                                     time.perf_counter() - call_t - waited_s)
         if all(f.prefill for f in members):
             stats.prefill_s += elapsed
