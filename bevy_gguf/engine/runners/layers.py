@@ -617,22 +617,27 @@ class _Lane:
         alone = self.runner.load_alone_s
         return min(lately, alone) if alone > 0 else lately
 
-    def _range_end(self, group: Group, members: list[Flight], n_flights: int, costs: MergeCosts | None) -> int:
+    def _range_end(self, group: Group, members: list[Flight], n_flights: int, costs: MergeCosts | None,
+                   policy: PolicyParams | None = None) -> int:
         """Where the group's call stops (plan.call_end), with what this lane has measured."""
         layout = self.cache.layout
         tokens = sum(len(f.tokens) for f in members)
         merge_misses = self.runner.merge_misses if self.runahead.on else math.inf  # whole: one call per step
-        return call_end(group, n_flights, tokens, self.policy, layout.top_k, layout.n_expert, self.miss_rate,
-                        costs, merge_misses, runahead=self.runahead.on)
+        return call_end(group, n_flights, tokens, policy or self.policy, layout.top_k, layout.n_expert,
+                        self.miss_rate, costs, merge_misses, runahead=self.runahead.on)
 
-    def _set_passes(self, ctx: Context, group: Group, members: list[Flight], il_end: int,
-                    costs: MergeCosts | None) -> None:
+    def _set_passes(self, ctx: Context, want: bool) -> None:
+        """Build the next graph with (or without) the second passes."""
+        if want != self._two_pass_on:
+            llama_ext.set_two_pass(ctx.lib, ctx.ptr, want)
+            self._two_pass_on = want
+        self.two_pass_calls += want
+
+    def _two_passes_pay(self, group: Group, members: list[Flight], il_end: int, costs: MergeCosts | None) -> bool:
         """One pass or two for this call's MoE layers (plan.two_pass_pays): what the first pass
         at the group's own layer hides of its members' pending loads, and at the layers whose
         experts are not known yet (those after it; from layer 0 for a new block) of the expected
         ones, against a second pass on every MoE layer the call computes."""
-        if not self.runner.two_pass:
-            return
         begin = 0 if group.layer == FIRST else group.layer
         unknown = range(0 if group.layer == FIRST else group.layer + 1, il_end)
         moe_layers = sum(il not in self.policy.dense for il in range(begin, il_end))
@@ -643,11 +648,7 @@ class _Lane:
             loads = min(union, sum(f.missing for f in loading))
             pending = PendingLoads(seconds=max(math.inf if f.eta is None else f.eta for f in loading),
                                    loads=loads, resident=1.0 - loads / union)
-        want = two_pass_pays(unknown, self.miss_rate, costs, self._pass_overhead_s(), moe_layers, pending)
-        if want != self._two_pass_on:  # the next graph is built with (or without) the second passes
-            llama_ext.set_two_pass(ctx.lib, ctx.ptr, want)
-            self._two_pass_on = want
-        self.two_pass_calls += want
+        return two_pass_pays(unknown, self.miss_rate, costs, self._pass_overhead_s(), moe_layers, pending)
 
     def _pass_overhead_s(self) -> float | None:
         """What a second pass costs a MoE layer: the start-up calibration's (every expert resident,
@@ -709,7 +710,12 @@ class _Lane:
         costs = self._merge_costs(members)
         end = self._range_end(group, members, runnable, costs)
         il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, end)
-        self._set_passes(ctx, group, members, il_end, costs)
+        if self.runner.two_pass:
+            two = self._two_passes_pay(group, members, il_end, costs)
+            if not two:  # the range was priced with first passes hiding its stalls: price it in one pass
+                end = self._range_end(group, members, runnable, costs, dataclasses.replace(self.policy, two_pass=False))
+                il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, end)
+            self._set_passes(ctx, two)
         self.calls += 1
         final = il_end == n_layer
         # layers before il_begin + 1 were counted when their experts were revealed; merged ones here
