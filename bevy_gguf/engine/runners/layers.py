@@ -633,14 +633,17 @@ class _Lane:
             self._two_pass_on = want
         self.two_pass_calls += want
 
-    def _two_passes_pay(self, group: Group, members: list[Flight], il_end: int, costs: MergeCosts | None) -> bool:
+    def _moe_layers(self, il_begin: int, il_end: int) -> int:
+        """The MoE layers (those with routed experts) of a call over [il_begin, il_end)."""
+        return sum(il not in self.policy.dense for il in range(il_begin, il_end))
+
+    def _two_passes_pay(self, group: Group, members: list[Flight], il_begin: int, il_end: int,
+                        costs: MergeCosts | None) -> bool:
         """One pass or two for this call's MoE layers (plan.two_pass_pays): what the first pass
         at the group's own layer hides of its members' pending loads, and at the layers whose
         experts are not known yet (those after it; from layer 0 for a new block) of the expected
         ones, against a second pass on every MoE layer the call computes."""
-        begin = 0 if group.layer == FIRST else group.layer
         unknown = range(0 if group.layer == FIRST else group.layer + 1, il_end)
-        moe_layers = sum(il not in self.policy.dense for il in range(begin, il_end))
         loading = [f for f in members if not f.ready]
         pending = None
         if loading:
@@ -648,7 +651,8 @@ class _Lane:
             loads = min(union, sum(f.missing for f in loading))
             pending = PendingLoads(seconds=max(math.inf if f.eta is None else f.eta for f in loading),
                                    loads=loads, resident=1.0 - loads / union)
-        return two_pass_pays(unknown, self.miss_rate, costs, self._pass_overhead_s(), moe_layers, pending)
+        return two_pass_pays(unknown, self.miss_rate, costs, self._pass_overhead_s(),
+                             self._moe_layers(il_begin, il_end), pending)
 
     def _pass_overhead_s(self) -> float | None:
         """What a second pass costs a MoE layer: the start-up calibration's (every expert resident,
@@ -711,7 +715,7 @@ class _Lane:
         end = self._range_end(group, members, runnable, costs)
         il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, end)
         if self.runner.two_pass:
-            two = self._two_passes_pay(group, members, il_end, costs)
+            two = self._two_passes_pay(group, members, il_begin, il_end, costs)
             if not two:  # the range was priced with first passes hiding its stalls: price it in one pass
                 end = self._range_end(group, members, runnable, costs, dataclasses.replace(self.policy, two_pass=False))
                 il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, end)
@@ -739,7 +743,7 @@ class _Lane:
         else:
             self.runahead.exclude(time.perf_counter() - start_t)
         context = sum(pos + 1 for _, pos, _, _ in rows)
-        two_pass_layers = sum(il not in self.policy.dense for il in range(il_begin, il_end)) if self._two_pass_on else 0
+        two_pass_layers = self._moe_layers(il_begin, il_end) if self._two_pass_on else 0
         if not self._wide_on:  # the model is of calls on the lane's threads
             self.cost_model.observe(CallShape(layers=il_end - il_begin, tokens=len(rows), experts=used_experts,
                                               context=context, two_pass_layers=two_pass_layers,
