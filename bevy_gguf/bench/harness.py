@@ -170,6 +170,8 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
         "decode_tokens": _median([r["decode_tokens"] for r in ok if r.get("decode_tokens") is not None]),
         "hit_rate": _median([hit_rate(c) for c in counters]) if counters else None,
         "bytes_loaded": _median([c["bytes_loaded"] for c in counters]) if counters else None,
+        # the whole run's (the same work in every system's run of a stream): bytes loaded <= blocking's
+        "run_bytes_loaded": _median([r["run_bytes_loaded"] for r in ok if r.get("run_bytes_loaded") is not None]),
         "overlap_efficiency": _median(overlap), "link_utilization": _median(link_util),
         "link_bytes_per_s": _median(busy_rates) if busy_rates else None,
         "compute_busy_s": _median([r["compute_busy_s"] for r in ok]),

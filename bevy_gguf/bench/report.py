@@ -62,8 +62,8 @@ def markdown(report: dict[str, Any], command: str) -> str:
         *_servers(report),
         "",
         "| system | cache | " + ("link | " if sweep else "") + "tok/s | % of bound | TPOT p50 / p99 ms | TTFT ms | "
-        "hit rate | MB loaded | compute busy (used) / link busy s | link util | link GB/s while busy | overlap eff. | "
-        "layer calls (two-pass) | status |",
+        "hit rate | MB loaded (whole run) | compute busy (used) / link busy s | link util | link GB/s while busy | "
+        "overlap eff. | layer calls (two-pass) | status |",
         "|---|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["runs"]:
@@ -75,7 +75,8 @@ def markdown(report: dict[str, Any], command: str) -> str:
             f"| {r['system']} | {r['cache']:.0f}% | {link}{_fmt(r['tok_per_s'])} | "
             f"{_fmt(r['pct_of_bound'] and 100 * r['pct_of_bound'], '.0f')} | "
             f"{_fmt(r['tpot_p50_ms'])} / {_fmt(r['tpot_p99_ms'])} | {_fmt(r['ttft_ms'], '.0f')} | "
-            f"{_fmt(r['hit_rate'], '.3f')} | {_fmt(r['bytes_loaded'] and r['bytes_loaded'] / 1e6, '.0f')} | "
+            f"{_fmt(r['hit_rate'], '.3f')} | {_fmt(r['bytes_loaded'] and r['bytes_loaded'] / 1e6, '.0f')}"
+            f"{_whole_mb(r)} | "
             f"{_fmt(r.get('compute_busy_s'), '.2f')} ({_fmt(r.get('compute_used_s'), '.2f')}) / "
             f"{_fmt(r.get('link_busy_s'), '.2f')} | "
             f"{_fmt(r.get('link_utilization'), '.2f')} | "
@@ -418,6 +419,11 @@ def _balance_lines(report: dict[str, Any], sweep: bool) -> list[str]:
         f"| {cache:.0f}% | " + (f"{_link_cell(link)} | " if sweep else "") + f"{value:.2f} | "
         + ("balanced" if is_balanced(value) else "link-bound" if value > high else "compute-bound") + " |"
         for cache, link, value in points]
+
+
+def _whole_mb(row: dict[str, Any]) -> str:
+    """' (N)': the whole run's MB loaded beside the window's, where a serving row counted it."""
+    return f" ({row['run_bytes_loaded'] / 1e6:.0f})" if row.get("run_bytes_loaded") is not None else ""
 
 
 def _over(a: float | None, b: float | None) -> str:

@@ -176,10 +176,17 @@ def _cost_ratios(bevy: dict[str, Any], blocking: dict[str, Any] | None, cache: f
     tokens), TPOT p99 and TTFT p50 over blocking's at a point (medians; no per-repeat range: the
     rows keep only each repeat's tok/s), each against its ceiling."""
     out = []
+    whole = (bevy.get("run_bytes_loaded"), (blocking or {}).get("run_bytes_loaded"))
     for key, (name, ceiling) in COST_TARGETS.items():
         mine, theirs = bevy.get(key), (blocking or {}).get(key)
         if key in PER_TOKEN and None not in (pair := (per_token(bevy, key), per_token(blocking, key))):
             mine, theirs = pair  # per decode token: serving windows hold different numbers of decode tokens
+        if key == "bytes_loaded" and whole[0] is not None and whole[1]:
+            # a serving stream: the whole runs did the same work, the windows not quite (they
+            # hold the same prompts but not the same decode tokens), so the window's is a diagnosis
+            out.append(Ratio(f"{name}, whole run", cache, whole[0] / whole[1], target=ceiling, link=link,
+                             at_most=True))
+            name, ceiling = f"{name}, per decode token of the window", None
         if mine is not None and theirs:
             out.append(Ratio(name, cache, mine / theirs, target=ceiling, link=link, at_most=True))
     return out

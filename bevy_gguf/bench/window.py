@@ -126,8 +126,17 @@ def interpolate(times: list[float], samples: list[dict[str, Any]], t: float) -> 
 
 def window_counters(sampler: CounterSampler, window: Window) -> dict[str, Any]:
     """A serving row's cache figures inside its window: the counters' gains, and the compute and
-    link busy seconds they hold."""
+    link busy seconds they hold; and the bytes loaded over the whole run (every system of a
+    stream does the same work in its whole run: the same prompts, the same decode tokens)."""
     counters = {k: round(v) for k, v in sampler.between(window).items()}
+    whole = run_gain(sampler, "bytes_loaded")
     return {"decode_counters": counters, "compute_busy_s": counters.get("compute_busy_ns", 0) / 1e9,
             "compute_used_s": counters.get("compute_used_ns", 0) / 1e9,
-            "link_busy_s": counters.get("link_busy_ns", 0) / 1e9}
+            "link_busy_s": counters.get("link_busy_ns", 0) / 1e9, "run_bytes_loaded": whole}
+
+
+def run_gain(sampler: CounterSampler, key: str) -> float | None:
+    """What one counter gained from the sampler's first sample to its last (None: not sampled)."""
+    if not sampler.samples or key not in sampler.samples[-1]:
+        return None
+    return sampler.samples[-1][key] - sampler.samples[0].get(key, 0)

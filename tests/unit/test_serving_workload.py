@@ -83,3 +83,16 @@ def test_counters_are_interpolated_at_the_window_ends() -> None:
         pass
     assert len(sampler.samples) >= 2 and sampler.times == sorted(sampler.times)
     assert sampler.between(Window(sampler.times[0], sampler.times[-1]))["n"] == len(sampler.samples) - 1
+
+
+def test_window_counters_keep_the_whole_runs_bytes_beside_the_windows() -> None:
+    from bevy_gguf.bench.window import window_counters
+
+    loaded = iter(range(0, 10_000, 100))
+    with CounterSampler(lambda: {"bytes_loaded": next(loaded), "compute_busy_ns": 0}, every_s=0.001) as sampler:
+        pass
+    first, last = sampler.times[0], sampler.times[-1]
+    whole = 100 * (len(sampler.samples) - 1)
+    out = window_counters(sampler, Window(first, (first + last) / 2))
+    assert out["run_bytes_loaded"] == whole and out["decode_counters"]["bytes_loaded"] < whole
+    assert window_counters(CounterSampler(dict), Window(0.0, 1.0))["run_bytes_loaded"] is None
