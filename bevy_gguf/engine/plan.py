@@ -307,23 +307,38 @@ class MergeCosts:
 
 def call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, top_k: int, n_expert: int,
              miss_rate: list[float], costs: MergeCosts | None, merge_misses: float | None = None,
-             runahead: bool = False) -> int:
+             runahead: bool = False, limit: int | None = None) -> int:
     """Where a group's call stops (_call_end), moved past dense layers: a call ends with the
     lookahead of the layer it stops at, whose router reveals that layer's experts, and a dense
-    layer has none (a call that would stop there runs it and stops at the next MoE layer)."""
+    layer has none (a call that would stop there runs it and stops at the next MoE layer).
+    limit (wave_limit): the layer a member's chunk before it has not yet computed; the call
+    goes on no further than that layer's router (its attention needs the chunk before)."""
     end = _call_end(group, n_flights, tokens, params, top_k, n_expert, miss_rate, costs, merge_misses, runahead)
     while end < params.n_layer and end in params.dense:
         end += 1
-    return end
+    own = 0 if group.layer == FIRST else group.layer + 1
+    return end if limit is None else max(own, min(end, limit))
+
+
+def wave_limit(flights: list[Flight], members: tuple[int, ...]) -> int | None:
+    """The lowest layer that the chunk before one of the members (a prompt chunk of the same
+    wave, outside the group) has still to compute: a merged call stops there (None: none)."""
+    inside = {(flights[i].index, flights[i].chunk) for i in members}
+    at = {(f.index, f.chunk): f.layer for f in flights if f.prefill}
+    limits = [at[key] for i in members if flights[i].prefill and flights[i].chunk > 0
+              and (key := (flights[i].index, flights[i].chunk - 1)) in at and key not in inside]
+    return min(limits) if limits else None
 
 
 def _call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, top_k: int, n_expert: int,
               miss_rate: list[float], costs: MergeCosts | None, merge_misses: float | None,
               runahead: bool) -> int:
     """Where a group's call stops (the il_end of llama_decode_layers): right after its own layer,
-    or, when the group holds every flight of its lane (nobody could run while it stalls) and any
-    layer's experts for its tokens fit the cache at once, on through each following layer whose
-    expected stall is below what stopping there would cost.
+    or, when nobody could run while it stalls (the group holds every flight of its lane, or a
+    call may pin less than two tokens' experts: at the minimum cache no other token's experts
+    fit beside a call's, so stopping overlaps nothing, as in blocking's schedule) and any layer's
+    experts for its tokens fit the cache at once, on through each following layer whose expected
+    stall is below what stopping there would cost.
 
     A call that goes on stalls in the hook for that layer's misses (their loads start as its
     router runs, as they would after a stopped call's lookahead). A call that stops costs one more
@@ -343,7 +358,8 @@ def _call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, t
     pays) a stop is priced at its own cost alone (a call, and the loads' contention): the call
     stops before every layer whose expected stall is above that."""
     end = 0 if group.layer == FIRST else group.layer + 1
-    if len(group.members) < n_flights or min(n_expert, tokens * top_k) > params.max_experts:
+    alone = len(group.members) == n_flights or params.max_experts < 2 * top_k  # no two tokens' experts fit
+    if not alone or min(n_expert, tokens * top_k) > params.max_experts:
         return end
     if merge_misses is not None:
         while end < params.n_layer and miss_rate[end] * tokens * top_k < merge_misses:

@@ -251,6 +251,36 @@ def test_a_call_goes_on_only_for_the_whole_lane_and_only_if_any_layer_fits_the_c
     assert call_end(Group((0,), 5), 1, 1, params, 2, 16, [0.0] * 8, costs=None, merge_misses=2.0) == 8
 
 
+def test_at_the_minimum_cache_a_call_goes_on_as_blockings_do() -> None:
+    """A cache that holds one token's experts (top_k = 2 slots a call) leaves no room for anyone
+    to run while a call stalls, so a one-token call goes on through the layers whose stall is
+    below a stop's cost, as if it held the whole lane; with room for two tokens' experts, it stops."""
+    one = Group((0,), 2)
+    assert merge(one, 4, tokens=1, miss=1.0, load_s=0.00005, max_experts=2) == 8  # 0.4 ms < 4 ms
+    assert merge(one, 4, tokens=1, miss=1.0, load_s=0.00005, max_experts=4) == 3  # another token fits
+    assert merge(one, 4, tokens=1, miss=1.0, load_s=0.001, max_experts=2) == 3  # 8 ms stall: stop
+
+
+def test_a_merged_call_stops_where_the_chunk_before_a_member_has_still_to_go() -> None:
+    """A prompt chunk attends to the chunk before it at every layer, so a call that goes on
+    through layers stops at the first layer that chunk has not computed (its router runs there)."""
+    from bevy_gguf.engine.plan import MergeCosts, call_end, wave_limit
+
+    chunks = [Flight(index=7, seq=0, tokens=[1], pos0=p, progress=1, layer=layer, chunk=k, ready=True)
+              for k, (p, layer) in enumerate([(0, 5), (1, 2), (2, 1)])]
+    decode = flight(1, 1)
+    flights = chunks + [decode]
+    assert wave_limit(flights, (1,)) == 5     # chunk 1: chunk 0 has layers 5.. to go
+    assert wave_limit(flights, (2, 3)) == 2   # chunk 2 (with a decode token): chunk 1 is at layer 2
+    assert wave_limit(flights, (1, 2)) == 5   # chunk 2 rides with chunk 1 in the call
+    assert wave_limit(flights, (0, 3)) is None  # the first chunk, a decode token: nothing before them
+    params = PolicyParams(n_layer=8, max_tokens=64, max_experts=2, hold_decode=False)
+    costs = MergeCosts(overhead_s=0.001, layer_s=0.003, load_s=0.00005, distinct=2, contention_s=0.0)
+    end = call_end(Group((1,), 2), 4, 1, params, 2, 16, [1.0] * 8, costs, limit=5)
+    assert end == 5  # on through layers 2-4, then layer 5's router: chunk 0 computes layer 5 first
+    assert call_end(Group((1,), 2), 4, 1, params, 2, 16, [1.0] * 8, costs, limit=2) == 3  # its own layer
+
+
 def test_a_call_never_stops_at_a_dense_layer() -> None:
     """A call ends with the lookahead of the layer it stops at, whose router reveals that layer's
     experts; a dense layer (GLM's, DeepSeek's leading ones) has no router, so the call runs it."""

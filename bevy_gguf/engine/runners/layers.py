@@ -58,6 +58,7 @@ from bevy_gguf.engine.plan import (
     nothing_to_share,
     plan,
     two_pass_pays,
+    wave_limit,
 )
 from bevy_gguf.engine.request import Request
 from bevy_gguf.engine.runahead import RunaheadChooser
@@ -618,13 +619,13 @@ class _Lane:
         return min(lately, alone) if alone > 0 else lately
 
     def _range_end(self, group: Group, members: list[Flight], n_flights: int, costs: MergeCosts | None,
-                   policy: PolicyParams | None = None) -> int:
+                   limit: int | None, policy: PolicyParams | None = None) -> int:
         """Where the group's call stops (plan.call_end), with what this lane has measured."""
         layout = self.cache.layout
         tokens = sum(len(f.tokens) for f in members)
         merge_misses = self.runner.merge_misses if self.runahead.on else math.inf  # whole: one call per step
         return call_end(group, n_flights, tokens, policy or self.policy, layout.top_k, layout.n_expert,
-                        self.miss_rate, costs, merge_misses, runahead=self.runahead.on)
+                        self.miss_rate, costs, merge_misses, runahead=self.runahead.on, limit=limit)
 
     def _set_passes(self, ctx: Context, want: bool) -> None:
         """Build the next graph with (or without) the second passes."""
@@ -712,12 +713,14 @@ class _Lane:
         members = sorted((flights[i] for i in group.members), key=lambda f: f.seq)
         n_layer = self.model.n_layer
         costs = self._merge_costs(members)
-        end = self._range_end(group, members, runnable, costs)
+        limit = wave_limit(flights, group.members)
+        end = self._range_end(group, members, runnable, costs, limit)
         il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, end)
         if self.runner.two_pass:
             two = self._two_passes_pay(group, members, il_begin, il_end, costs)
             if not two:  # the range was priced with first passes hiding its stalls: price it in one pass
-                end = self._range_end(group, members, runnable, costs, dataclasses.replace(self.policy, two_pass=False))
+                end = self._range_end(group, members, runnable, costs, limit,
+                                      dataclasses.replace(self.policy, two_pass=False))
                 il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, end)
             self._set_passes(ctx, two)
         self.calls += 1
