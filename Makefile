@@ -2,7 +2,7 @@
 #   make build   venv (.venv/), pinned llama.cpp source, stock + patched libllama, libbevy
 #   make demo    build, generate the default model, run it with --parallel 8, then the A/B table
 #   make test    build, then the test suite
-#   make soak    build, then 20,000 requests at the server twice (minimum and 25% cache; hours, not in make test)
+#   make soak    build, then 20,000 requests at the server twice (25% and minimum cache; about 70 minutes, not in make test)
 #   make gpu-bundle   what scripts/gpu_check.sh carries to a GPU machine (build/gpu-bundle)
 #   make gpu-dry-run  the GPU check rehearsed on this CPU (rebuilds from the pruned source; not in make test)
 # Knobs: JOBS=2 (compile jobs), CUDA=1 (ggml with CUDA), CUDA_ARCHS=90 (its architectures), PYTHON=python3.
@@ -59,8 +59,7 @@ gpu-dry-run: gpu-bundle
 soak: build
 	$(BIN)/bevy-gguf make-model $(SOAK_MODEL) --layers 4 --experts 16 --top-k 2 --embd 64 --ff 64
 	$(BIN)/bevy-gguf soak $(SOAK_MODEL) --requests $(SOAK_REQUESTS) --expert-cache 25% --out build/soak/25
-	$(BIN)/bevy-gguf soak $(SOAK_MODEL) --requests $(SOAK_REQUESTS) --expert-cache min --max-prompt-tokens 64 \
-		--out build/soak/min
+	$(BIN)/bevy-gguf soak $(SOAK_MODEL) --requests $(SOAK_REQUESTS) --expert-cache min --link ram --out build/soak/min
 
 lint: venv
 	$(BIN)/ruff check bevy_gguf tests scripts
