@@ -181,9 +181,14 @@ def _chunk_blocked(flights: list[Flight]) -> set[int]:
     behind (a chunk attends to the one before it at every layer it computes; the call of a chunk
     that is not the whole lane covers one layer and the next one's attention, which the chunk
     before has written once it is past that layer)."""
-    at = {(f.index, f.chunk): f.layer for f in flights if f.prefill}
+    at = _chunk_layers(flights)
     return {i for i, f in enumerate(flights)
             if f.prefill and f.chunk > 0 and at.get((f.index, f.chunk - 1), math.inf) <= f.layer}
+
+
+def _chunk_layers(flights: list[Flight]) -> dict[tuple[int, int], int]:
+    """The layer each prompt chunk in flight computes next, by (request index, chunk)."""
+    return {(f.index, f.chunk): f.layer for f in flights if f.prefill}
 
 
 def _wait_limit(flights: list[Flight], members: list[int], params: PolicyParams, cost: Cost | None) -> float | None:
@@ -316,15 +321,20 @@ def call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, to
     end = _call_end(group, n_flights, tokens, params, top_k, n_expert, miss_rate, costs, merge_misses, runahead)
     while end < params.n_layer and end in params.dense:
         end += 1
-    own = 0 if group.layer == FIRST else group.layer + 1
-    return end if limit is None else max(own, min(end, limit))
+    return end if limit is None else max(own_end(group), min(end, limit))
+
+
+def own_end(group: Group) -> int:
+    """Where a call that stops after the group's own layer ends: the first layer whose experts
+    are not known yet (layer 0 for a new block)."""
+    return 0 if group.layer == FIRST else group.layer + 1
 
 
 def wave_limit(flights: list[Flight], members: tuple[int, ...]) -> int | None:
     """The lowest layer that the chunk before one of the members (a prompt chunk of the same
     wave, outside the group) has still to compute: a merged call stops there (None: none)."""
     inside = {(flights[i].index, flights[i].chunk) for i in members}
-    at = {(f.index, f.chunk): f.layer for f in flights if f.prefill}
+    at = _chunk_layers(flights)
     limits = [at[key] for i in members if flights[i].prefill and flights[i].chunk > 0
               and (key := (flights[i].index, flights[i].chunk - 1)) in at and key not in inside]
     return min(limits) if limits else None
@@ -357,7 +367,7 @@ def _call_end(group: Group, n_flights: int, tokens: int, params: PolicyParams, t
     (recent miss rate x tokens x top_k). With `runahead` (runahead.py measured that splitting
     pays) a stop is priced at its own cost alone (a call, and the loads' contention): the call
     stops before every layer whose expected stall is above that."""
-    end = 0 if group.layer == FIRST else group.layer + 1
+    end = own_end(group)
     alone = len(group.members) == n_flights or params.max_experts < 2 * top_k  # no two tokens' experts fit
     if not alone or min(n_expert, tokens * top_k) > params.max_experts:
         return end

@@ -56,6 +56,7 @@ from bevy_gguf.engine.plan import (
     admit_loads,
     call_end,
     nothing_to_share,
+    own_end,
     plan,
     two_pass_pays,
     wave_limit,
@@ -312,6 +313,7 @@ class _Lane:
                                    split_factor=runner.split_factor, two_pass=runner.two_pass,
                                    prefill_first=runner.prefill_first == "on", dense=dense)
         self.whole_policy = dataclasses.replace(self.policy, keep_whole=True)  # the plan without runahead
+        self.one_pass_policy = dataclasses.replace(self.policy, two_pass=False)  # a call's range in one pass
         # prefill_first auto: the two plans again, with a prompt's last wave first
         self._first_policies = (dataclasses.replace(self.policy, prefill_first=True),
                                 dataclasses.replace(self.whole_policy, prefill_first=True))
@@ -644,7 +646,7 @@ class _Lane:
         at the group's own layer hides of its members' pending loads, and at the layers whose
         experts are not known yet (those after it; from layer 0 for a new block) of the expected
         ones, against a second pass on every MoE layer the call computes."""
-        unknown = range(0 if group.layer == FIRST else group.layer + 1, il_end)
+        unknown = range(own_end(group), il_end)
         loading = [f for f in members if not f.ready]
         pending = None
         if loading:
@@ -719,8 +721,7 @@ class _Lane:
         if self.runner.two_pass:
             two = self._two_passes_pay(group, members, il_begin, il_end, costs)
             if not two:  # the range was priced with first passes hiding its stalls: price it in one pass
-                end = self._range_end(group, members, runnable, costs, limit,
-                                      dataclasses.replace(self.policy, two_pass=False))
+                end = self._range_end(group, members, runnable, costs, limit, self.one_pass_policy)
                 il_begin, il_end, lookahead, reuse = group.layer_range(n_layer, end)
             self._set_passes(ctx, two)
         self.calls += 1
