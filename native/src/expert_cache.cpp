@@ -530,6 +530,7 @@ int32_t ExpertCache::refresh(int32_t owner, bevy_flight * flights, int32_t n, be
             holding_.resize(owner + 1);
             wanted_.resize(owner + 1);
             upcoming_by_.resize(owner + 1);
+            revealed_by_.resize(owner + 1);
         }
         holding_[owner] = 1;
         std::vector<int32_t> & upcoming = upcoming_by_[owner];
@@ -540,6 +541,14 @@ int32_t ExpertCache::refresh(int32_t owner, bevy_flight * flights, int32_t n, be
         upcoming_.clear();
         for (const auto & u : upcoming_by_) {
             upcoming_.insert(upcoming_.end(), u.begin(), u.end());
+        }
+        std::vector<int32_t> & revealed = revealed_by_[owner]; // every flight's, admitted or not
+        forget_revealed_locked(owner);
+        for (int32_t i = 0; i < n; ++i) {
+            for (int32_t j = 0; j < flights[i].n_experts; ++j) {
+                dir_.reveal(flights[i].layer, flights[i].experts[j], +1);
+                revealed.push_back(flights[i].layer * cfg_.n_expert + flights[i].experts[j]);
+            }
         }
         std::vector<int32_t> & wanted = wanted_[owner];
         wanted.clear();
@@ -614,6 +623,13 @@ bool ExpertCache::wait_change(uint64_t since, int32_t timeout_ms, int32_t il) {
     return changed;
 }
 
+void ExpertCache::forget_revealed_locked(int32_t owner) {
+    for (int32_t k : revealed_by_[owner]) {
+        dir_.reveal(k / cfg_.n_expert, k % cfg_.n_expert, -1);
+    }
+    revealed_by_[owner].clear();
+}
+
 void ExpertCache::unreserve_all(int32_t owner) {
     std::vector<int64_t> pins;
     {
@@ -622,6 +638,7 @@ void ExpertCache::unreserve_all(int32_t owner) {
             return;
         }
         pins.swap(reserved_[owner]);
+        forget_revealed_locked(owner);
         holding_[owner] = 0; // its loads chosen from now on are not held for it (it computes without reservations)
     }
     release(pins);

@@ -221,6 +221,8 @@ private:
     std::vector<std::vector<int64_t>> reserved_; // per owner: slots it pinned
     std::vector<uint8_t>    holding_;    // per owner: reservations in force (refreshed since its last unreserve_all)
     std::vector<std::vector<int32_t>> wanted_; // per owner: keys its admitted flights need (sorted), as of its last refresh
+    std::vector<std::vector<int32_t>> revealed_by_; // per owner: keys every flight of its last refresh needs
+    void forget_revealed_locked(int32_t owner); // take back an owner's reveals (SlotDirectory::reveal)
     uint64_t                version_ = 0;
     bool                    learning_ = true; // see set_learning
     std::vector<std::vector<float>> routers_; // per layer: router weights, for prefetch

@@ -61,6 +61,11 @@ public:
     // one visit of layer il that used the experts flagged in used[e] (next-use frequencies)
     void visit(int32_t il, const std::vector<uint8_t> & used);
 
+    // (il, e) is needed by one more (delta +1) or one fewer (-1) flight whose router revealed it:
+    // next-use eviction takes a revealed expert only when no unrevealed one is left to take
+    void reveal(int32_t il, int32_t e, int32_t delta) { revealed_[key(il, e)] += delta; }
+    int32_t revealed(int32_t il, int32_t e) const { return revealed_[key(il, e)]; }
+
 private:
     struct Slot {
         int32_t   key      = -1;
@@ -79,6 +84,7 @@ private:
     std::vector<std::pair<int64_t, int64_t>> layer_slots_; // per layer: the slots its experts may take
     std::vector<int64_t> key_slot_;
     std::vector<float>   freq_;  // per key: moving average of "used at a visit of its layer"
+    std::vector<int32_t> revealed_; // per key: flights (of every owner) whose routers asked for it
     uint64_t             clock_ = 0;
     std::mt19937_64      rng_;
 };

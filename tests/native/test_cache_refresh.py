@@ -133,3 +133,16 @@ def test_slot_classes_evict_only_within_a_class() -> None:
         c0, c2 = cache.counters(0), cache.counters(2)
         assert c0["bytes_loaded"] == 2 * layout.classes[0].bytes and c2["bytes_loaded"] == 2 * layout.classes[1].bytes
         assert layout.classes[0].bytes != layout.classes[1].bytes
+
+
+@pytest.mark.parametrize("unrevealed", [0, 1, 2])
+def test_eviction_takes_an_expert_no_flight_asked_for(cache3: ExpertCache, unrevealed: int) -> None:
+    """Next-use eviction keeps what any owner's flights revealed they need, admitted or not
+    (another lane's flight behind its load budget): the one expert nobody asked for goes."""
+    assert settle(cache3, [(0, [0, 1, 2], True, False)], [0]) == [0]  # the 3 slots hold layer 0's 0-2
+    revealed = [e for e in (0, 1, 2) if e != unrevealed]
+    assert refresh(cache3, [(0, revealed, False, False)], owner=1) == [0]  # asks, holds nothing
+    assert settle(cache3, [(1, [5], True, False)], [0]) == [0]  # owner 0 loads one more: one goes
+    assert refresh(cache3, [(0, revealed, False, False)], owner=1) == [0]  # what owner 1 asked for stayed
+    assert refresh(cache3, [(0, [unrevealed], False, False)], owner=1) == [1]
+    cache3.unreserve_all(1)
