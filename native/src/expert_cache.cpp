@@ -543,18 +543,17 @@ int32_t ExpertCache::refresh(int32_t owner, bevy_flight * flights, int32_t n, be
             upcoming_.insert(upcoming_.end(), u.begin(), u.end());
         }
         std::vector<int32_t> & revealed = revealed_by_[owner]; // every flight's, admitted or not
+        std::vector<int32_t> & wanted = wanted_[owner];         // the admitted flights'
         forget_revealed_locked(owner);
-        for (int32_t i = 0; i < n; ++i) {
-            for (int32_t j = 0; j < flights[i].n_experts; ++j) {
-                dir_.reveal(flights[i].layer, flights[i].experts[j], +1);
-                revealed.push_back(flights[i].layer * cfg_.n_expert + flights[i].experts[j]);
-            }
-        }
-        std::vector<int32_t> & wanted = wanted_[owner];
         wanted.clear();
         for (int32_t i = 0; i < n; ++i) {
-            for (int32_t j = 0; flights[i].admit && j < flights[i].n_experts; ++j) {
-                wanted.push_back(flights[i].layer * cfg_.n_expert + flights[i].experts[j]);
+            for (int32_t j = 0; j < flights[i].n_experts; ++j) {
+                const int32_t key = flights[i].layer * cfg_.n_expert + flights[i].experts[j];
+                dir_.reveal(flights[i].layer, flights[i].experts[j], +1);
+                revealed.push_back(key);
+                if (flights[i].admit) {
+                    wanted.push_back(key);
+                }
             }
         }
         std::sort(wanted.begin(), wanted.end());

@@ -185,6 +185,8 @@ private:
     // worker takes them, and join owner's reservations); with count, count the lookups.
     int32_t query_locked(int32_t il, const int32_t * experts, int32_t n, uint64_t priority, bool load, bool count,
                          int32_t owner = -1);
+    // With the mutex held: take back an owner's reveals (SlotDirectory::reveal)
+    void forget_revealed_locked(int32_t owner);
 
     CacheConfig             cfg_;
     Link *                  link_;
@@ -222,7 +224,6 @@ private:
     std::vector<uint8_t>    holding_;    // per owner: reservations in force (refreshed since its last unreserve_all)
     std::vector<std::vector<int32_t>> wanted_; // per owner: keys its admitted flights need (sorted), as of its last refresh
     std::vector<std::vector<int32_t>> revealed_by_; // per owner: keys every flight of its last refresh needs
-    void forget_revealed_locked(int32_t owner); // take back an owner's reveals (SlotDirectory::reveal)
     uint64_t                version_ = 0;
     bool                    learning_ = true; // see set_learning
     std::vector<std::vector<float>> routers_; // per layer: router weights, for prefetch

@@ -18,10 +18,10 @@ SlotDirectory::SlotDirectory(int32_t n_layer, int32_t n_expert, int64_t n_slots,
 double SlotDirectory::next_use(int32_t k, const std::vector<int32_t> & now, const std::vector<int32_t> & upcoming) const {
     // layers still to visit before layer il comes round again (for the context that gets there
     // first), plus the cycles it expects to skip given how often it was used: d + L * (1/p - 1)
-    const int32_t il = k / n_expert_;
     if (revealed_[k] > 0) { // a flight waits for it: its use is certain and comes before any guess
         return -1.0;
     }
+    const int32_t il = k / n_expert_;
     int32_t d = n_layer_;
     for (int32_t il_now : now) { // computing il_now: its next layer comes first
         if (il_now >= 0) {

@@ -64,7 +64,6 @@ public:
     // (il, e) is needed by one more (delta +1) or one fewer (-1) flight whose router revealed it:
     // next-use eviction takes a revealed expert only when no unrevealed one is left to take
     void reveal(int32_t il, int32_t e, int32_t delta) { revealed_[key(il, e)] += delta; }
-    int32_t revealed(int32_t il, int32_t e) const { return revealed_[key(il, e)]; }
 
 private:
     struct Slot {
