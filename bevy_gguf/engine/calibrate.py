@@ -47,7 +47,15 @@ REPEATS = 5        # timed runs per candidate (median) of the step costs
 # most LANE_REPEATS_MAX, and stops between them once LANE_BUDGET_S has passed
 LANE_REPEATS_MIN, LANE_REPEATS_MAX = 5, 40
 LANE_BUDGET_S = 1.0
-LANE_ROUNDS = 2
+# rounds that time every count in turn (choose_lanes): at least LANE_ROUNDS, and on until they
+# have spanned LANE_SPAN_S (at most LANE_ROUNDS_MAX). A count's speed is its fastest round, so a
+# hiccup of the machine must outlast the span to be read as a count's speed. Measured on a 2-core
+# machine (the default model, a 90% cache, 40 calls of 3 ms a count a round): the first two rounds
+# of a process read two lanes at 0.91x and 0.94x one lane's time, the ten after at 0.64-0.85x.
+# Two rounds alone (0.5 s in all) would have chosen one lane; in the bench run at that point that
+# chose one lane, bevy served 0.95x blocking, in those that chose two 0.99-1.26x
+LANE_ROUNDS, LANE_ROUNDS_MAX = 2, 12
+LANE_SPAN_S = 2.0
 ALONE_MAX_S = 1.0  # the longest the link streams alone waiting for its first finished load
 # more lanes must take at most this share of one lane's compute time: a guard for the noise of
 # the measurement, not a price of their bytes. Lanes read more bytes (each the union of its own
@@ -154,7 +162,13 @@ def seconds_per_batch(n_seq: int, lane_tokens: list[int], spans: list[tuple[int,
 def calibration_layers(cache: ExpertCache, n_seq: int) -> int:
     """Layers the calibration runs: every layer if the cache holds all their experts for n_seq
     tokens at once, else up to the first MoE layer if it holds that layer's twice over, else 0
-    (it must not evict what it reads, nor fail for want of slots)."""
+    (it must not evict what it reads, nor fail for want of slots). With 0 the runner runs one lane
+    unmeasured, and that guards the bytes too: lanes at different layers each load their own
+    tokens' experts, and a cache that cannot hold two layers' worth evicts one lane's before the
+    other comes to them (measured: the 6-layer mixtral shape, 64 experts a layer and 8 a token, at
+    a 25% cache, 96 slots where 8 tokens read up to 64 a layer: two lanes forced loaded 1.73x one
+    lane's bytes and served 0.68x its tok/s; the calibration, which times calls with every expert
+    in, cannot see that)."""
     layout = cache.layout
     per_layer = min(layout.n_expert, n_seq * layout.top_k)
     if all(len(c.layers) * per_layer <= n for c, n in zip(layout.classes, cache.class_slots)):
@@ -173,17 +187,25 @@ def lane_candidates(most: int) -> list[int]:
     return counts + [most] if most > 1 else counts
 
 
+def more_lane_rounds(rounds: int, elapsed_s: float) -> bool:
+    """Whether choose_lanes times another round: fewer than LANE_ROUNDS so far, or fewer than
+    LANE_ROUNDS_MAX while the rounds have spanned less than LANE_SPAN_S."""
+    return rounds < LANE_ROUNDS or (rounds < LANE_ROUNDS_MAX and elapsed_s < LANE_SPAN_S)
+
+
 def choose_lanes(model: Model, cache: ExpertCache, params: ContextParams, candidates: list[int]) -> tuple[int, dict]:
     """The lane count to run (the first candidate unless a later one takes at most MARGIN of its
-    time), and the seconds each took: the fastest of LANE_ROUNDS rounds that time every candidate
-    in turn, so that a hiccup of the machine lasting a candidate's whole measurement is not read
-    as that candidate's speed."""
+    time), and the seconds each took: the fastest of the rounds that time every candidate in turn
+    (more_lane_rounds), so that a hiccup of the machine lasting a candidate's whole measurement
+    is not read as that candidate's speed."""
     n_seq = params.n_seq_max
     layers = max(1, calibration_layers(cache, n_seq))
     seconds: dict[int, float] = {}
-    for _ in range(LANE_ROUNDS):
-        for k in candidates:
+    start, rounds = time.perf_counter(), 0
+    while more_lane_rounds(rounds, time.perf_counter() - start):
+        for k in candidates if rounds % 2 == 0 else candidates[::-1]:  # neither count always first
             seconds[k] = min(seconds.get(k, math.inf), time_lanes(model, cache, params, k, n_seq, layers))
+        rounds += 1
     best = candidates[0]
     for k in candidates[1:]:
         if seconds[k] <= MARGIN * seconds[best]:

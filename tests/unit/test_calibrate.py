@@ -43,6 +43,7 @@ def test_more_lanes_only_when_clearly_faster(monkeypatch: pytest.MonkeyPatch, on
                                              chosen: int) -> None:
     monkeypatch.setattr(calibrate, "time_lanes", lambda m, c, p, lanes, n, layers: {1: one, 2: two}[lanes])
     monkeypatch.setattr(calibrate, "LANE_ROUNDS", 1)
+    monkeypatch.setattr(calibrate, "LANE_SPAN_S", 0.0)
     got, seconds = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), [1, 2])
     assert got == chosen and seconds == {1: one, 2: two}
 
@@ -59,9 +60,38 @@ def test_lane_runs_stop_at_the_most_or_once_the_budget_is_spent_after_the_fewest
 def test_a_hiccup_over_one_round_of_a_lane_count_is_not_its_speed(monkeypatch: pytest.MonkeyPatch) -> None:
     timed = {1: iter([10.0, 10.0]), 2: iter([20.0, 8.0])}  # two lanes' first round hit by a hiccup
     monkeypatch.setattr(calibrate, "LANE_ROUNDS", 2)
+    monkeypatch.setattr(calibrate, "LANE_SPAN_S", 0.0)
     monkeypatch.setattr(calibrate, "time_lanes", lambda m, c, p, lanes, n, layers: next(timed[lanes]))
     got, seconds = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), [1, 2])
     assert got == 2 and seconds == {1: 10.0, 2: 8.0}
+
+
+def test_rounds_go_on_until_they_span_the_time_asked_at_least_the_fewest_at_most_the_most() -> None:
+    fewest, most, span = calibrate.LANE_ROUNDS, calibrate.LANE_ROUNDS_MAX, calibrate.LANE_SPAN_S
+    assert calibrate.more_lane_rounds(fewest - 1, 10 * span)  # the fewest, however long they took
+    assert calibrate.more_lane_rounds(fewest, 0.5 * span)
+    assert not calibrate.more_lane_rounds(fewest, span)
+    assert not calibrate.more_lane_rounds(most, 0.0)
+
+
+def test_a_slow_spell_over_the_first_rounds_of_every_count_is_outlasted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every timing takes 0.25 s of a fake clock; the machine is slow for the first second (both
+    # counts' first two rounds), where two lanes read 0.975 of one lane's time: one lane would win
+    clock = [0.0]
+    calls: list[int] = []
+
+    def timed(m: object, c: object, p: object, lanes: int, n: int, layers: int) -> float:
+        slow = clock[0] < 1.0
+        clock[0] += 0.25
+        calls.append(lanes)
+        return {1: 4.0, 2: 3.9}[lanes] if slow else {1: 3.2, 2: 2.5}[lanes]
+
+    monkeypatch.setattr(calibrate, "time_lanes", timed)
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: clock[0])
+    got, seconds = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), [1, 2])
+    assert got == 2 and seconds == {1: 3.2, 2: 2.5}
+    assert calls[:6] == [1, 2, 2, 1, 1, 2]  # rounds alternate which count goes first
+    assert len(calls) == 2 * round(calibrate.LANE_SPAN_S / 0.5)  # until the rounds span LANE_SPAN_S
 
 
 def test_lane_counts_timed_double_from_one_up_to_the_most() -> None:
@@ -74,6 +104,7 @@ def test_lane_counts_timed_double_from_one_up_to_the_most() -> None:
 def test_a_lane_count_between_is_chosen_where_it_is_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
     timed = {1: 10.0, 2: 7.0, 4: 6.0, 8: 6.5}  # 8 lanes beat one, but 4 beat them all
     monkeypatch.setattr(calibrate, "LANE_ROUNDS", 1)
+    monkeypatch.setattr(calibrate, "LANE_SPAN_S", 0.0)
     monkeypatch.setattr(calibrate, "time_lanes", lambda m, c, p, lanes, n, layers: timed[lanes])
     got, _ = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), calibrate.lane_candidates(8))
     assert got == 4
