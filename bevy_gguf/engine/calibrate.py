@@ -52,8 +52,9 @@ LANE_BUDGET_S = 1.0
 # hiccup of the machine must outlast the span to be read as a count's speed. Measured on a 2-core
 # machine (the default model, a 90% cache, 40 calls of 3 ms a count a round): the first two rounds
 # of a process read two lanes at 0.91x and 0.94x one lane's time, the ten after at 0.64-0.85x.
-# Two rounds alone (0.5 s in all) would have chosen one lane; in the bench run at that point that
-# chose one lane, bevy served 0.95x blocking, in those that chose two 0.99-1.26x
+# Two rounds (0.5 s in all) inside such a spell read the counts at the margin (0.936 there, and
+# 1.09 in a bench run at that point, which then ran one lane: 0.95x blocking, against 0.99-1.26x
+# in the runs that chose two)
 LANE_ROUNDS, LANE_ROUNDS_MAX = 2, 12
 LANE_SPAN_S = 2.0
 ALONE_MAX_S = 1.0  # the longest the link streams alone waiting for its first finished load
