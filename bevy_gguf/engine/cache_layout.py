@@ -184,6 +184,22 @@ class CacheLayout:
             return True, half
         return False, own
 
+    def prefill_shares(self, n_slots: int, lanes: int, lane_seqs: int, limit: int) -> tuple[int, int] | None:
+        """(slots a lane's call may pin, slots the one lane holding the prompt permit may pin) for
+        lanes that drop their reservations before each call, or None where the permit would not
+        give a larger prompt chunk. Every lane but the holder pins at most one decode step of its
+        sequences (lane_seqs at most), so the holder gets the rest: its prompt chunks need a
+        layer's experts, which an equal share may not hold (measured: the 6-layer mixtral shape
+        at 25%, 96 slots, 2 lanes: shares of 48 made prompt chunks of 6 tokens whose waves spread
+        over layers and reloaded experts loaded milliseconds before, 1.84x one lane's bytes). The
+        pins never exceed n_slots: small * (lanes - 1) + big."""
+        own = n_slots // max(lanes, 1)
+        small = min(own, self.min_slots(lane_seqs))
+        big = n_slots - (lanes - 1) * small
+        if lanes < 2 or self.micro_batch(big, limit) <= self.micro_batch(own, limit):
+            return None
+        return small, big
+
     def micro_batch(self, n_slots: int, limit: int, contexts: int = 1) -> int:
         """The largest micro-batch (tokens per ubatch, at most limit) such that the worst-case
         unions of `contexts` contexts fit in n_slots (of the smallest class) together: no

@@ -167,9 +167,10 @@ def calibration_layers(cache: ExpertCache, n_seq: int) -> int:
     unmeasured, and that guards the bytes too: lanes at different layers each load their own
     tokens' experts, and a cache that cannot hold two layers' worth evicts one lane's before the
     other comes to them (measured: the 6-layer mixtral shape, 64 experts a layer and 8 a token, at
-    a 25% cache, 96 slots where 8 tokens read up to 64 a layer: two lanes forced loaded 1.73x one
-    lane's bytes and served 0.68x its tok/s; the calibration, which times calls with every expert
-    in, cannot see that)."""
+    a 25% cache, 96 slots where 8 tokens read up to 64 a layer, serving stream: two lanes forced
+    loaded 1.19x one lane's bytes at 1.04x its tok/s, 0.98-1.11 by repeat; 1.73x and 0.68x before
+    the prompt permit, layers.PromptPermit; the calibration, which times calls with every expert
+    in, cannot see either)."""
     layout = cache.layout
     per_layer = min(layout.n_expert, n_seq * layout.top_k)
     if all(len(c.layers) * per_layer <= n for c, n in zip(layout.classes, cache.class_slots)):

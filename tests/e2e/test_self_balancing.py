@@ -165,6 +165,28 @@ def test_long_prompts_prefill_in_layer_major_waves(tmp_path: Path) -> None:
     assert loads[16] < 0.5 * loads[1], loads  # measured: 3,473 vs 19,053
 
 
+def test_one_lane_at_a_time_prefills_in_larger_chunks(tmp_path: Path) -> None:
+    """Two lanes of two sequences over 16 slots (4 layers of 16 experts, top-2, 25%): equal
+    shares of 8 would cut prompt chunks to 4 tokens; a lane's decode step pins at most 4, so the
+    lane holding the prompt permit prefills in chunks of 6 and the other in chunks of 2. Twelve
+    long prompts join as others finish: some go with the permit, the margin rule holds, and
+    no pin is left (the pins never exceed the cache: a call waiting for a slot no one frees
+    would time out)."""
+    model = ensure_model(tiny_spec("qwen3moe", layers=4, experts=16, top_k=2), progress=False)
+    prompts = [(p + " ") * (8 + 4 * i) for i, p in enumerate(PROMPTS + PROMPTS[:4])]
+    ref = stock_alone(model, prompts, 8)
+    got = probe(model, "bevy", "25%", 4, tmp_path, prompts=prompts, max_tokens=8, lanes=2)
+    assert all(r["error"] is None for r in got["requests"])
+    margin_ok(ref, {"requests": [{"tokens": r["tokens"]} for r in got["requests"]]}, len(prompts), 8)
+    assert got["lanes"] == 2 and (got["micro_batch"], got["permit_chunk"]) == (2, 6)
+    assert 0 < got["permit_prompts"] <= len(prompts)
+    assert got["pinned_after"] == 0
+    # four prompts for four sequences: every decode waits until both lanes' prompts are in
+    burst = probe(model, "bevy", "25%", 4, tmp_path, prompts=prompts[-4:], max_tokens=8, lanes=2)
+    margin_ok(stock_alone(model, prompts[-4:], 8), burst, 4, 8)
+    assert burst["permit_prompts"] > 0 and burst["pinned_after"] == 0
+
+
 def test_running_requests_decode_while_a_prompt_prefills(tmp_path: Path) -> None:
     """Prompts of many waves joining running requests hold their decode by about one wave per
     token, not by the whole prompt (a wave takes the lane's step clock, so the decode tokens of

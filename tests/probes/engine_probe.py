@@ -31,6 +31,7 @@ def main() -> int:
                           n_threads=spec.get("threads", 2), link=spec.get("link", "file"),
                           eviction=spec.get("eviction", "next-use"), wait_timeout_s=60, seed=spec.get("seed", 0),
                           flash_attn=spec.get("flash_attn", "auto"), runahead=spec.get("runahead", DEFAULT_RUNAHEAD),
+                          lanes=spec.get("lanes", 0),
                           **({"prefill_wave": spec["prefill_wave"]} if "prefill_wave" in spec else {}))
     with LLMEngine(config) as engine:
         requests = []
@@ -64,6 +65,8 @@ def main() -> int:
                          for r in requests],
             "pinned_after": engine.cache.pinned(),
             "micro_batch": runner.micro_batch, "decode_tokens": stats.decode_tokens,
+            "lanes": getattr(runner, "lanes_used", None), "permit_chunk": getattr(runner, "permit_chunk", None),
+            "permit_prompts": getattr(runner, "permit_prompts", None),
             "counters": engine.counters(), "link": engine.cache.link_name,
             "cancelled_at": cancelled_at, "runahead": getattr(runner, "runahead_stats", None),
             "scheduler": engine.scheduler.name, "scheduler_note": engine.scheduler_note, "trace": trace,

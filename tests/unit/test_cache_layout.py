@@ -108,6 +108,27 @@ def test_a_lane_keeps_its_reservations_only_while_they_leave_its_calls_whole() -
     assert layout.lane_share(8, 1, 8) == (False, 8)      # the minimum: one token's experts per call
 
 
+def test_the_prompt_permit_takes_what_the_other_lanes_decode_steps_leave() -> None:
+    """64 experts, top-8, 96 slots (the 6-layer mixtral shape at 25%), two lanes of 4 sequences:
+    equal shares of 48 cut prompt chunks to 6 tokens; a decode step of 4 sequences pins at most
+    32, so the lane holding the permit may pin 64 (a whole layer: chunks of any size)."""
+    layout = CacheLayout.of(info([144] * 6, n_expert=64, top_k=8))
+    assert layout.prefill_shares(96, 2, 4, 512) == (32, 64)
+    assert layout.micro_batch(48, 512) == 6 and layout.micro_batch(64, 512) == 512
+    small, big = layout.prefill_shares(96, 3, 3, 512)  # three lanes: the two without it pin 24 each
+    assert (small, big) == (24, 48) and 2 * small + big <= 96
+    assert layout.prefill_shares(128, 2, 4, 512) is None  # an equal share holds a layer already
+    assert layout.prefill_shares(96, 1, 8, 512) is None   # one lane: its share is the cache
+    assert layout.prefill_shares(96, 2, 8, 512) is None   # a decode step of 6+ sequences fills its half
+    for slots in range(16, 200):
+        for lanes in (2, 3, 4):
+            for seqs in (1, 2, 4, 8):
+                got = layout.prefill_shares(slots, lanes, seqs, 512)
+                if got is not None:  # never more pins than slots, and a decode step still fits
+                    assert (lanes - 1) * got[0] + got[1] <= slots and got[0] >= layout.min_slots(1)
+                    assert layout.micro_batch(got[1], 512) > layout.micro_batch(slots // lanes, 512)
+
+
 def pages_info(pages: int, start: int, n_expert: int = 4) -> SimpleNamespace:
     """Two layers of gate/up/down experts of `pages` pages each, the file's tensors from `start` on."""
     tensors, offset = [], start

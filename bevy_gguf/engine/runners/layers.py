@@ -105,6 +105,7 @@ class SelfBalancingRunner:
         self.lane_seconds: dict[int, float] = {}  # what the measurement took per lane count
         self.lanes_used: int | None = None  # as the last serve ran
         self.micro_batch: int | None = None  # tokens per call, once the lanes are made
+        self.permit_chunk: int | None = None  # ... of a prompt chunk with the prompt permit (_Lane._wave_chunk)
         self.split_factor = split_factor  # see plan.PolicyParams (0: run whatever is ready)
         self.load_budget = load_budget  # see _Lane._load_budget (0: no budget past the front)
         self.cost_models: list[CallCostModel] = []  # one per lane, as the last serve made them
@@ -127,6 +128,8 @@ class SelfBalancingRunner:
         self.wide_calls = 0  # layer-range calls of the last serve that ran on every thread
         self.runahead_stats: dict[str, float | int | None] = {}  # ... what the lanes measured of it
         self.time_split: dict[str, float] = {}  # ... where the lanes' time went (see _Lane.time_split)
+        self.lane_seqs = n_parallel  # sequences of the largest lane (serve sets it)
+        self.permit = PromptPermit()  # which lane's prompt chunks may pin more than its share (the last serve's)
 
     def lanes_for(self, n_seq: int, asked: int | None = None) -> int:
         """How many lanes: as asked, but at most one per thread and per sequence, while the
@@ -164,6 +167,8 @@ class SelfBalancingRunner:
         self.load_contention_s = costs.load_contention_s if costs else 0.0
         self.load_alone_s = costs.load_alone_s if costs else 0.0
         self.cache.set_concurrency(k)
+        self.lane_seqs = -(-n_seq // k)
+        self.permit = PromptPermit()
         # every lane's in flight, by arrival index (Flight.index); each leaves when it finishes
         self.requests: dict[int, Request] = {}
         self._arrived = 0
@@ -179,6 +184,7 @@ class SelfBalancingRunner:
                 n_threads=self.n_threads // k + (i < self.n_threads % k))
             lanes.append(_Lane(self, i, k, lane_params, hold_decode))
         self.micro_batch = max(lane.chunk for lane in lanes)  # tokens per call of a prompt chunk
+        self.permit_chunk = max(lane.permit_chunk for lane in lanes)  # ... of one with the prompt permit
         self.cost_models = [lane.cost_model for lane in lanes]
         errors: list[BaseException] = []
 
@@ -205,6 +211,11 @@ class SelfBalancingRunner:
         if errors:
             raise errors[0]
         return self._merge(lanes)
+
+    @property
+    def permit_prompts(self) -> int:
+        """Prompts of the last serve that prefilled in the prompt permit's chunks."""
+        return self.permit.taken
 
     def _measured_lanes(self, params: ContextParams) -> int:
         """One lane, every thread a lane of its own, or a count between (calibrate.lane_candidates),
@@ -283,6 +294,33 @@ class SelfBalancingRunner:
         return stats
 
 
+class PromptPermit:
+    """Which lane, if any, may run prompt chunks larger than its share of the slots allows: the
+    slots the other lanes' decode steps leave it (CacheLayout.prefill_shares). One lane at a time,
+    so the lanes' pins never exceed the cache; a lane that cannot take it never waits for it (its
+    prompt goes in its own smaller chunks)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.owner: int | None = None
+        self.taken = 0  # the prompts it let through (take's True answers)
+
+    def take(self, lane: int) -> bool:
+        """Whether `lane` may prefill one more prompt with the permit (it takes it if nobody holds it)."""
+        with self._lock:
+            if self.owner not in (None, lane):
+                return False
+            self.owner = lane
+            self.taken += 1
+            return True
+
+    def give(self, lane: int) -> None:
+        """`lane` gives it back (its reservations are about to shrink to its own share)."""
+        with self._lock:
+            if self.owner == lane:
+                self.owner = None
+
+
 class _Lane:
     """One context and its step loop: the flights of its sequences, grouped layer by layer.
 
@@ -292,7 +330,9 @@ class _Lane:
     most half and its calls' tokens fit in the other half: the lanes' pins never fill the cache,
     and no call can wait for a slot that only a waiting lane could free. A lane whose half share
     would hold smaller calls than its whole share (CacheLayout.lane_share) drops its reservations
-    before each call instead, and its calls may then pin its whole share.
+    before each call instead, and its calls may then pin its whole share; there one lane at a
+    time may hold the prompt permit (PromptPermit), the others pinning at most a decode step of
+    their sequences and the holder the rest, in larger prompt chunks (CacheLayout.prefill_shares).
     """
 
     def __init__(self, runner: SelfBalancingRunner, owner: int, lanes: int, params: ContextParams,
@@ -304,19 +344,21 @@ class _Lane:
         # slots are counted in the smallest slot class: what holds there holds at every layer
         slots = self.cache.min_class_slots
         self.keep_reservations, share = self.cache.layout.lane_share(slots, lanes, params.n_batch)
-        self.chunk = self.cache.layout.micro_batch(share, self.params.n_batch)
+        # without reservations held, the lane holding the prompt permit may pin what the others'
+        # decode steps leave (CacheLayout.prefill_shares): its prompt chunks hold a layer's experts
+        shares = None if self.keep_reservations else self.cache.layout.prefill_shares(
+            slots, lanes, runner.lane_seqs, params.n_batch)
+        self.shares = (share, share) if shares is None else shares  # (without, with the permit)
+        self.chunk = self.cache.layout.micro_batch(self.shares[0], self.params.n_batch)
+        self.permit_chunk = self.cache.layout.micro_batch(self.shares[1], self.params.n_batch)
+        self._permit_waves: set[int] = set()  # requests (by index) whose waves the permit made
         # with reservations held, a call's tokens must fit its share at every layer it merges
         max_tokens = self.chunk if self.keep_reservations else self.params.n_batch
         dense = frozenset(il for il, c in enumerate(self.cache.layout.layer_class) if c == DENSE)
-        self.policy = PolicyParams(n_layer=self.model.n_layer, max_tokens=max_tokens, max_experts=share,
-                                   hold_decode=hold_decode, load_window=runner.load_window,
-                                   split_factor=runner.split_factor, two_pass=runner.two_pass,
-                                   prefill_first=runner.prefill_first == "on", dense=dense)
-        self.whole_policy = dataclasses.replace(self.policy, keep_whole=True)  # the plan without runahead
-        self.one_pass_policy = dataclasses.replace(self.policy, two_pass=False)  # a call's range in one pass
-        # prefill_first auto: the two plans again, with a prompt's last wave first
-        self._first_policies = (dataclasses.replace(self.policy, prefill_first=True),
-                                dataclasses.replace(self.whole_policy, prefill_first=True))
+        self._set_policies(PolicyParams(n_layer=self.model.n_layer, max_tokens=max_tokens, max_experts=self.shares[0],
+                                        hold_decode=hold_decode, load_window=runner.load_window,
+                                        split_factor=runner.split_factor, two_pass=runner.two_pass,
+                                        prefill_first=runner.prefill_first == "on", dense=dense))
         step_work = self.params.n_seq_max * self.model.n_layer  # token-layers of a step
         self.runahead = RunaheadChooser(epoch_work=2 * step_work, warm_work=step_work,
                                         fixed={"on": True, "off": False}.get(runner.runahead))
@@ -364,12 +406,44 @@ class _Lane:
         return {"loop_s": self._loop_s, "calls_s": self._calls_s, "waits_s": self._waits_s,
                 "python_s": max(0.0, self._loop_s - self._calls_s - self._waits_s)}
 
+    def _set_policies(self, policy: PolicyParams) -> None:
+        """The plan's parameters and their variants (without runahead, in one pass, a prompt first)."""
+        self.policy = policy
+        self.whole_policy = dataclasses.replace(policy, keep_whole=True)  # the plan without runahead
+        self.one_pass_policy = dataclasses.replace(policy, two_pass=False)  # a call's range in one pass
+        # prefill_first auto: the two plans again, with a prompt's last wave first
+        self._first_policies = (dataclasses.replace(policy, prefill_first=True),
+                                dataclasses.replace(self.whole_policy, prefill_first=True))
+
+    def _wave_chunk(self, index: int) -> int:
+        """Tokens per prompt chunk of request index's next wave: the permit's larger chunks where
+        this lane holds the prompt permit or takes it now (PromptPermit), else the lane's own."""
+        if self.permit_chunk <= self.chunk:
+            return self.chunk
+        if index not in self._permit_waves:
+            if not self.runner.permit.take(self.owner):
+                return self.chunk
+            if not self._permit_waves:
+                self._set_policies(dataclasses.replace(self.policy, max_experts=self.shares[1]))
+            self._permit_waves.add(index)
+        return self.permit_chunk
+
+    def _keep_permit(self, flights: list[Flight]) -> None:
+        """Before a pass reserves: give the prompt permit back once no wave it made is in flight
+        (the pass then reserves within the lane's own share again)."""
+        if self._permit_waves:
+            self._permit_waves &= {f.index for f in flights if f.prefill}
+            if not self._permit_waves:
+                self._set_policies(dataclasses.replace(self.policy, max_experts=self.shares[0]))
+                self.runner.permit.give(self.owner)
+
     def serve(self, source: RequestSource) -> None:
         with Context(self.model, self.params) as ctx:
             self.cache.attach(ctx, two_pass=self.runner.two_pass)
             try:
                 self._loop(ctx, source, self.params.n_seq_max, self.stats)
             finally:
+                self._keep_permit([])
                 self.cache.unreserve_all(self.owner)
 
     # -- the step loop -------------------------------------------------------------------
@@ -390,6 +464,7 @@ class _Lane:
                     flights += self._wave(index, req, 0)
             if not flights:
                 self.runahead.idle()
+                self._keep_permit(flights)
                 self.cache.unreserve_all(self.owner)  # an idle server holds no slot
                 if not source.idle_wait():
                     break
@@ -398,6 +473,7 @@ class _Lane:
             if runner.on_step:
                 runner.on_step(step, flights)
             flights = self._drop_cancelled(ctx, requests, flights, free)
+            self._keep_permit(flights)
             if not flights:
                 continue
             if not self.prefill_done and not any(f.prefill for f in flights):
@@ -783,12 +859,13 @@ class _Lane:
         next step's wait for it. So a prompt holds decode by one wave per token, not by the whole
         prompt (a prompt counted from 0 would lead every running request to its end), and the
         lagging-first order stays a step order among requests of any age."""
-        end = min(len(req.prompt_tokens), pos0 + self.runner.prefill_wave * self.chunk)
+        chunk = self._wave_chunk(index)
+        end = min(len(req.prompt_tokens), pos0 + self.runner.prefill_wave * chunk)
         self._wave_end[index] = end
         final = end == len(req.prompt_tokens)
-        return [Flight(index, req.seq, req.prompt_tokens[p: min(p + self.chunk, end)], p,
+        return [Flight(index, req.seq, req.prompt_tokens[p: min(p + chunk, end)], p,
                        progress=self._clock, chunk=k, final_wave=final)
-                for k, p in enumerate(range(pos0, end, self.chunk))]
+                for k, p in enumerate(range(pos0, end, chunk))]
 
     def _finish_block(self, ctx: Context, requests: dict[int, Request], f: Flight, out_row: int, t0: float,
                       stats: RunStats) -> None:
