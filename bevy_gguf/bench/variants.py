@@ -26,6 +26,7 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "prefill-first": ("prefill_first", str),
     "wide-prefill": ("wide_prefill", str),  # on: a lane's prompt calls on every thread; off: its share
     "kv-unified": ("kv_unified", str),  # on: one KV stream (llama.cpp's -kvu); off: one per sequence
+    "link-workers": ("link_workers", int),  # upload threads: reads in flight at once
 }
 
 
@@ -81,5 +82,7 @@ def _check(name: str, key: str, value: Any) -> None:
         raise BevyError(f"{name}: {key}={value}: choose on or off")
     if key == "prefill-wave" and value < 1:
         raise BevyError(f"{name}: prefill-wave must be at least 1, got {value}")
+    if key == "link-workers" and value < 1:
+        raise BevyError(f"{name}: link-workers must be at least 1, got {value}")
     if key in ("split-factor", "load-budget", "lanes") and value < 0:
         raise BevyError(f"{name}: {key} must be at least 0, got {value}")

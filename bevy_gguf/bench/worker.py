@@ -75,6 +75,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                           link=spec.get("link", "file"), eviction=spec.get("eviction", "next-use"),
                           split_factor=spec.get("split_factor", 1.0), load_budget=spec.get("load_budget", 1.0),
                           lanes=spec.get("lanes", 0),
+                          **({"link_workers": spec["link_workers"]} if "link_workers" in spec else {}),
                           two_pass=spec.get("two_pass", "auto"),
                           runahead=spec.get("runahead", DEFAULT_RUNAHEAD), prefill_wave=spec.get("prefill_wave", 16),
                           prefill_first=spec.get("prefill_first", "auto"),

@@ -25,6 +25,7 @@ def test_options_map_to_spec_keys_with_their_types() -> None:
     assert v.options == {"two_pass": "off", "split_factor": 1000.0, "lanes": 2, "eviction": "lru"}
     assert parse("bevy:runahead=off").options == {"runahead": "off"}
     assert parse("bevy:runahead=on:load-budget=0").options == {"runahead": "on", "load_budget": 0.0}
+    assert parse("blocking:link-workers=8").options == {"link_workers": 8}
 
 
 @pytest.mark.parametrize(("name", "says"), [
@@ -37,6 +38,7 @@ def test_options_map_to_spec_keys_with_their_types() -> None:
     ("bevy:lanes=two", "is not a number"),
     ("bevy:split-factor=-1", "at least 0"),
     ("bevy:load-budget=-1", "load-budget must be at least 0"),
+    ("blocking:link-workers=0", "link-workers must be at least 1"),
 ])
 def test_bad_variants_are_refused_in_one_line(name: str, says: str) -> None:
     with pytest.raises(BevyError, match=says) as e:
