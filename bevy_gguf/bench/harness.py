@@ -193,6 +193,7 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
                                         if r.get("two_pass_overhead_s") is not None]),
         "load_contention_s": _median([r["load_contention_s"] for r in ok if r.get("load_contention_s") is not None]),
         "load_alone_s": _median([r["load_alone_s"] for r in ok if r.get("load_alone_s")]),
+        "load_beside_s": _median([r["load_beside_s"] for r in ok if r.get("load_beside_s")]),
         "runahead": [r["runahead"] for r in ok if r.get("runahead")] or None,  # per run (runahead.py)
         "python_per_call_ms": _median([r["lane_time"]["python_per_call_ms"] for r in ok
                                        if (r.get("lane_time") or {}).get("python_per_call_ms") is not None]),

@@ -105,10 +105,12 @@ def markdown(report: dict[str, Any], command: str) -> str:
                   "compute seconds of a layer-range call = fixed + per layer + per token-layer + per expert read "
                   "+ per attended position-layer + per MoE layer in two passes + per expert load landing while "
                   "it computes; the two-pass cost fitted once calls of both kinds were seen, the start-up "
-                  "calibration's, with every expert resident, beside it), and the link's time per expert load:", "",
+                  "calibration's, with every expert resident, beside it), and the link's time per expert load: as the "
+                  "run's loads came, and at start-up with nothing computing and beside a call:", "",
                   "| cache | " + ("link | " if sweep else "") + "lanes (per run) | 1, 2, ... lanes ms | lane | "
                   "calls | fixed µs | per layer µs | per token-layer µs | per expert µs | per 1k positions-layer µs | "
-                  "two-pass layer µs, fitted / calibrated | per load beside µs | link ms per load |",
+                  "two-pass layer µs, fitted / calibrated | per load beside µs | "
+                  "link ms per load: running / alone / beside a call (start-up) |",
                   "|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in fits:
             link = f"{_link_cell(r.get('link_point'))} | " if sweep else ""
@@ -122,7 +124,9 @@ def markdown(report: dict[str, Any], command: str) -> str:
                              f"{1e6 * m['per_expert']:.1f} | {1e9 * m['per_context_layer']:.1f} | "
                              f"{_fmt(_us(m.get('two_pass_overhead')))} / {_fmt(_us(r.get('two_pass_overhead_s')))} | "
                              f"{_fmt(_us(m.get('per_load_beside')))} | "
-                             f"{_fmt(r.get('load_s') and 1e3 * r['load_s'], '.2f')} |")
+                             f"{_fmt(r.get('load_s') and 1e3 * r['load_s'], '.2f')} / "
+                             f"{_fmt(r.get('load_alone_s') and 1e3 * r['load_alone_s'], '.2f')} / "
+                             f"{_fmt(r.get('load_beside_s') and 1e3 * r['load_beside_s'], '.2f')} |")
     lines += _runahead_table(report, sweep)
     touched, n_experts = p.get("touched_experts"), p.get("n_experts")
     if touched and n_experts:

@@ -223,6 +223,8 @@ class StepCosts:
     load_contention_s: float  # compute seconds one expert load moving meanwhile adds to a call
     load_alone_s: float  # link seconds per expert load with nothing computing (its workers
                          # overlapping): what a load stalls a call that waits for it
+    load_beside_s: float = 0.0  # ... while a call computes (reads started in the call count whole,
+                                # so for calls shorter than a read it is a lower bound)
 
 
 def time_step_costs(model: Model, cache: ExpertCache, params: ContextParams) -> StepCosts | None:
@@ -271,9 +273,10 @@ def time_step_costs(model: Model, cache: ExpertCache, params: ContextParams) -> 
         second = sorted(pairs)[len(pairs) * 3 // 4]  # bounds it (the largest pair may be a hiccup)
     beside = statistics.median((b - a) / (b * rate) if rate > 0 else 0.0
                                for a, b, rate in zip(times["one"], times["loading"], moved))
-    rate = statistics.median(alone)
+    rate, beside_rate = statistics.median(alone), statistics.median(moved)
     return StepCosts(pass_overhead_s=max(0.0, second / layers), load_contention_s=max(0.0, beside),
-                     load_alone_s=1.0 / rate if rate > 0 else 0.0)
+                     load_alone_s=1.0 / rate if rate > 0 else 0.0,
+                     load_beside_s=1.0 / beside_rate if beside_rate > 0 else 0.0)
 
 
 class _LinkStream:

@@ -139,6 +139,7 @@ def test_second_passes_run_only_where_they_can_hide_a_load(qwen3_tiny: Path) -> 
     assert s["two_pass_overhead_s"] is not None and s["two_pass_overhead_s"] >= 0
     assert s["load_contention_s"] is not None and s["load_contention_s"] >= 0  # measured beside the first
     assert s["load_alone_s"] > 0  # and the link's own time per load, with nothing computing
+    assert s["load_beside_s"] > 0  # ... and while a call computes
     assert 0 < s["two_pass_calls"] < s["layer_calls"], s  # the cold start's misses, then one pass
     off = run_json(*args, "--two-pass", "off")["stats"]
     assert off["two_pass_calls"] == 0 and off["two_pass_overhead_s"] is None and off["layer_calls"] > 0

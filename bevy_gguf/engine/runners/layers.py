@@ -115,6 +115,7 @@ class SelfBalancingRunner:
         self.pass_overhead_s: float | None = None  # as the last serve measured it (None: not measured)
         self.load_contention_s = 0.0  # ... compute seconds a load moving during a call adds to it
         self.load_alone_s = 0.0  # ... link seconds per load with nothing computing (0: not measured)
+        self.load_beside_s = 0.0  # ... and while a call computes (priced nowhere yet: reported)
         self.calls = 0  # layer-range calls of the last serve
         self.two_pass_calls = 0  # ... of them, those that ran two passes
         self.resident_calls = 0  # ... those of whole steps with every expert resident (_Lane._resident_step)
@@ -166,6 +167,7 @@ class SelfBalancingRunner:
         self.pass_overhead_s = costs.pass_overhead_s if costs and self.two_pass else None
         self.load_contention_s = costs.load_contention_s if costs else 0.0
         self.load_alone_s = costs.load_alone_s if costs else 0.0
+        self.load_beside_s = costs.load_beside_s if costs else 0.0
         self.cache.set_concurrency(k)
         self.lane_seqs = -(-n_seq // k)
         self.permit = PromptPermit()
