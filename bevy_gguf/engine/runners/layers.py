@@ -129,7 +129,6 @@ class SelfBalancingRunner:
         self.wide_calls = 0  # layer-range calls of the last serve that ran on every thread
         self.runahead_stats: dict[str, float | int | None] = {}  # ... what the lanes measured of it
         self.time_split: dict[str, float] = {}  # ... where the lanes' time went (see _Lane.time_split)
-        self.lane_seqs = n_parallel  # sequences of the largest lane (serve sets it)
         self.permit = PromptPermit()  # which lane's prompt chunks may pin more than its share (the last serve's)
 
     def lanes_for(self, n_seq: int, asked: int | None = None) -> int:
@@ -169,7 +168,6 @@ class SelfBalancingRunner:
         self.load_alone_s = costs.load_alone_s if costs else 0.0
         self.load_beside_s = costs.load_beside_s if costs else 0.0
         self.cache.set_concurrency(k)
-        self.lane_seqs = -(-n_seq // k)
         self.permit = PromptPermit()
         # every lane's in flight, by arrival index (Flight.index); each leaves when it finishes
         self.requests: dict[int, Request] = {}
@@ -184,7 +182,7 @@ class SelfBalancingRunner:
             lane_params = params if k == 1 else dataclasses.replace(
                 params, n_seq_max=seqs, n_ctx=max(1, params.n_ctx // n_seq) * seqs,
                 n_threads=self.n_threads // k + (i < self.n_threads % k))
-            lanes.append(_Lane(self, i, k, lane_params, hold_decode))
+            lanes.append(_Lane(self, i, k, lane_params, hold_decode, most_seqs=-(-n_seq // k)))
         self.micro_batch = max(lane.chunk for lane in lanes)  # tokens per call of a prompt chunk
         self.permit_chunk = max(lane.permit_chunk for lane in lanes)  # ... of one with the prompt permit
         self.cost_models = [lane.cost_model for lane in lanes]
@@ -338,7 +336,7 @@ class _Lane:
     """
 
     def __init__(self, runner: SelfBalancingRunner, owner: int, lanes: int, params: ContextParams,
-                 hold_decode: bool) -> None:
+                 hold_decode: bool, most_seqs: int) -> None:
         self.runner, self.model, self.cache = runner, runner.model, runner.cache
         self.owner = owner  # whose reservations these are, among the lanes sharing the cache
         self.lanes = lanes
@@ -349,7 +347,7 @@ class _Lane:
         # without reservations held, the lane holding the prompt permit may pin what the others'
         # decode steps leave (CacheLayout.prefill_shares): its prompt chunks hold a layer's experts
         shares = None if self.keep_reservations else self.cache.layout.prefill_shares(
-            slots, lanes, runner.lane_seqs, params.n_batch)
+            slots, lanes, most_seqs, params.n_batch)  # most_seqs: the largest lane's sequences
         self.shares = (share, share) if shares is None else shares  # (without, with the permit)
         self.chunk = self.cache.layout.micro_batch(self.shares[0], self.params.n_batch)
         self.permit_chunk = self.cache.layout.micro_batch(self.shares[1], self.params.n_batch)
