@@ -1,8 +1,13 @@
 """Limits on what a request may be, checked before anything parses it (an ASGI middleware).
 
 A head with more than MAX_HEADERS headers or more than MAX_HEAD_BYTES of them is answered 431
-(h11 bounds only a head that arrives in pieces, at 16 KiB; one that arrives whole passed at any
-size). A body over `max_bytes` is answered 413 (by its Content-Length before it is read, or as soon as
+(h11 bounds only a head that arrives in pieces; one that arrives whole passed at any size). h11
+buffers a head arriving in pieces up to BUFFERED_HEAD_BYTES (the server's
+h11_max_incomplete_event_size), so that such a head reaches this check too: at h11's default of
+16 KiB, uvicorn closed the connection while the client was still sending the head, and the
+client got a reset instead of an answer (measured: a 64 KiB header sent in 4 KiB pieces, and now
+and then test_oversized_request_heads_are_refused_and_the_server_stays under load).
+A body over `max_bytes` is answered 413 (by its Content-Length before it is read, or as soon as
 the bytes read pass the limit); JSON nested deeper than `max_depth` is answered 400 (Python's
 parser would recurse into it and fail with a server error). Every answer has OpenAI's error shape.
 """
@@ -25,6 +30,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # a JSON string (escapes included) as one token, or a bracket: depth counts brackets outside strings
 MAX_HEADERS = 100          # as llama-server's cpp-httplib
 MAX_HEAD_BYTES = 32 * 2**10
+BUFFERED_HEAD_BYTES = 4 * MAX_HEAD_BYTES  # beyond it, a head in pieces is cut off (uvicorn's 400 and close)
 
 _JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 

@@ -17,6 +17,7 @@ from bevy_gguf.engine.engine import LLMEngine
 from bevy_gguf.server.app import create_app
 from bevy_gguf.server.connections import head_timeout_protocol, raise_descriptor_limit
 from bevy_gguf.server.engine import ServingEngine
+from bevy_gguf.server.limits import BUFFERED_HEAD_BYTES
 from bevy_gguf.server.types import ServerSettings
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -69,7 +70,8 @@ def serve(config: EngineConfig, settings: ServerSettings) -> int:
         raise_descriptor_limit()  # thousands of clients at once
         server = DrainingServer(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                                timeout_graceful_shutdown=settings.shutdown_grace_s,
-                                               http=head_timeout_protocol(settings.head_timeout_s)),
+                                               http=head_timeout_protocol(settings.head_timeout_s),
+                                               h11_max_incomplete_event_size=BUFFERED_HEAD_BYTES),
                                 on_drain=serving.drain)
         server.run()
     finally:

@@ -344,6 +344,21 @@ def test_oversized_request_heads_are_refused_and_the_server_stays(server: Server
     assert complete(server.client(), "after") is not None
 
 
+def test_an_oversized_head_arriving_in_pieces_is_refused_too(server: Server) -> None:
+    """A 64 KiB header sent in 4 KiB pieces reaches the same 431 (h11 buffers a head in pieces up
+    to limits.BUFFERED_HEAD_BYTES; at its default 16 KiB the connection was closed mid-head, and
+    the client got a reset or a broken pipe instead of an answer)."""
+    body = b'{"prompt": "x", "max_tokens": 1}'
+    data = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"x-big: " + b"a" * 64 * 2**10 + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as c:
+        for i in range(0, len(data), 4096):
+            c.sendall(data[i:i + 4096])
+            time.sleep(0.002)
+        assert c.recv(64).startswith(b"HTTP/1.1 431 ")
+    assert complete(server.client(), "after") is not None
+
+
 def test_brackets_inside_strings_are_not_nesting(server: Server) -> None:
     prompt = "[{" * 50 + "}]" * 50  # 200 brackets in a string: past the fast path, parsed as text
     r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=60)
