@@ -23,6 +23,7 @@ LOAD_MODES = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "di
 TWO_PASS = ("auto", "on", "off")
 RUNAHEAD = ("auto", "on", "off")
 PREFILL_FIRST = ("auto", "on", "off")
+LANE_CLOCKS = ("relative", "own")  # bevy with lanes: the step of their load priorities (_Lane._priority_step)
 # off: in a steady serving stream runahead loaded 1.5x blocking's bytes and auto's epochs, which
 # credit runahead with work the epochs after it pay for, ran it a third of the time (docs/architecture.md)
 DEFAULT_RUNAHEAD = "off"
@@ -164,6 +165,9 @@ class EngineConfig:
     prefill_first: str = "auto"          # bevy: a prompt's last wave runs before the decode tokens that wait to
                                          # start a step (on: blocking's and llama-server's order; off: they ride
                                          # with it; auto: first while they would miss under one expert a step)
+    lane_clock: str = "relative"         # bevy with lanes: the step part of a load's priority is a token's progress
+                                         # past its own lane's clock (the lanes' lagging tokens tie and go by
+                                         # layer); own: the lane's clock, which the other lanes do not share
     wide_prefill: bool = False           # bevy with lanes: a call with a prompt chunk computes on every thread,
                                          # alone at the compute gate (off: on its lane's share of the threads)
     kv_unified: bool = False             # llama.cpp's -kvu: one KV stream every sequence attends over under a
@@ -212,6 +216,8 @@ class EngineConfig:
             raise BevyError(f"unknown eviction policy {self.eviction!r}: choose one of {', '.join(EVICTIONS)}")
         if self.two_pass not in TWO_PASS:
             raise BevyError(f"two_pass {self.two_pass!r}: choose one of {', '.join(TWO_PASS)}")
+        if self.lane_clock not in LANE_CLOCKS:
+            raise BevyError(f"lane_clock {self.lane_clock!r}: choose one of {', '.join(LANE_CLOCKS)}")
         if not isinstance(self.kv_unified, bool):
             raise BevyError(f"kv_unified must be true or false, got {self.kv_unified!r}")
         if self.prefill_first not in PREFILL_FIRST:

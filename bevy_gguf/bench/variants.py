@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bevy_gguf.config import EVICTIONS, PREFILL_FIRST, RUNAHEAD, TWO_PASS
+from bevy_gguf.config import EVICTIONS, LANE_CLOCKS, PREFILL_FIRST, RUNAHEAD, TWO_PASS
 from bevy_gguf.errors import BevyError
 
 # option name in a variant -> (spec key, how its value is read)
@@ -27,6 +27,7 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "wide-prefill": ("wide_prefill", str),  # on: a lane's prompt calls on every thread; off: its share
     "kv-unified": ("kv_unified", str),  # on: one KV stream (llama.cpp's -kvu); off: one per sequence
     "link-workers": ("link_workers", int),  # upload threads: reads in flight at once
+    "lane-clock": ("lane_clock", str),  # relative | own: the step of a lane's load priorities (_Lane._priority_step)
 }
 
 
@@ -80,6 +81,8 @@ def _check(name: str, key: str, value: Any) -> None:
         raise BevyError(f"{name}: prefill-first={value}: choose one of {', '.join(PREFILL_FIRST)}")
     if key in ("kv-unified", "wide-prefill") and value not in ("on", "off"):
         raise BevyError(f"{name}: {key}={value}: choose on or off")
+    if key == "lane-clock" and value not in LANE_CLOCKS:
+        raise BevyError(f"{name}: lane-clock={value}: choose one of {', '.join(LANE_CLOCKS)}")
     if key == "prefill-wave" and value < 1:
         raise BevyError(f"{name}: prefill-wave must be at least 1, got {value}")
     if key == "link-workers" and value < 1:

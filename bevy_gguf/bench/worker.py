@@ -81,6 +81,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                           prefill_first=spec.get("prefill_first", "auto"),
                           kv_unified=spec.get("kv_unified", "off") == "on",
                           wide_prefill=spec.get("wide_prefill", "off") == "on",
+                          lane_clock=spec.get("lane_clock", "relative"),
                           repack=spec.get("repack", True), device=spec.get("device"),
                           gpu_layers=spec.get("gpu_layers", 0), n_cpu_moe=spec.get("n_cpu_moe", 0))
     result = run_requests(config, make_requests, progress=sample_counters if serve else None,

@@ -126,7 +126,8 @@ class LLMEngine:
                                          lane_memo=self._lane_memo,
                                          two_pass=two_pass, pass_memo=self._pass_memo, runahead=cfg.runahead,
                                          prefill_wave=cfg.prefill_wave, prefill_first=cfg.prefill_first,
-                                         kv_unified=cfg.kv_unified, wide_prefill=cfg.wide_prefill)
+                                         kv_unified=cfg.kv_unified, wide_prefill=cfg.wide_prefill,
+                                         lane_clock=cfg.lane_clock)
         elif self.scheduler.runner == "contexts":
             runner = ContextRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash, two_pass=two_pass)
         else:
