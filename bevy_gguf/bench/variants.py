@@ -70,19 +70,16 @@ def parse_system(name: str, systems: tuple[str, ...], variable: tuple[str, ...])
     return SystemVariant(name, base, options)
 
 
+# options whose value is one of a few words: the words
+CHOICES: dict[str, tuple[str, ...]] = {"two-pass": TWO_PASS, "runahead": RUNAHEAD, "eviction": EVICTIONS,
+                                       "prefill-first": PREFILL_FIRST, "lane-clock": LANE_CLOCKS}
+
+
 def _check(name: str, key: str, value: Any) -> None:
-    if key == "two-pass" and value not in TWO_PASS:
-        raise BevyError(f"{name}: two-pass={value}: choose one of {', '.join(TWO_PASS)}")
-    if key == "runahead" and value not in RUNAHEAD:
-        raise BevyError(f"{name}: runahead={value}: choose one of {', '.join(RUNAHEAD)}")
-    if key == "eviction" and value not in EVICTIONS:
-        raise BevyError(f"{name}: eviction={value}: choose one of {', '.join(EVICTIONS)}")
-    if key == "prefill-first" and value not in PREFILL_FIRST:
-        raise BevyError(f"{name}: prefill-first={value}: choose one of {', '.join(PREFILL_FIRST)}")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise BevyError(f"{name}: {key}={value}: choose one of {', '.join(CHOICES[key])}")
     if key in ("kv-unified", "wide-prefill") and value not in ("on", "off"):
         raise BevyError(f"{name}: {key}={value}: choose on or off")
-    if key == "lane-clock" and value not in LANE_CLOCKS:
-        raise BevyError(f"{name}: lane-clock={value}: choose one of {', '.join(LANE_CLOCKS)}")
     if key == "prefill-wave" and value < 1:
         raise BevyError(f"{name}: prefill-wave must be at least 1, got {value}")
     if key == "link-workers" and value < 1:
