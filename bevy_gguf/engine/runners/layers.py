@@ -29,7 +29,7 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -563,12 +563,13 @@ class _Lane:
         self.calls += 1
         self.resident_calls += 1
         n_layer = self.model.n_layer
-        rows = [(f.tokens[0], f.pos0, f.seq, True) for f in flights]
-        done = self._decode(ctx, requests, flights, rows, None, (0, n_layer, False, False), 0)
+        members = in_sequence_order(flights)
+        rows = [(f.tokens[0], f.pos0, f.seq, True) for f in members]
+        done = self._decode(ctx, requests, members, rows, None, (0, n_layer, False, False), 0)
         if done is None:
             return
         self.runahead.record(len(rows) * n_layer, done[0])
-        for row, f in enumerate(flights):
+        for row, f in enumerate(members):
             self._finish_block(ctx, requests, f, row, t0, stats)
 
     def _decode(self, ctx: Context, requests: dict[int, Request], members: list[Flight],
@@ -804,9 +805,7 @@ class _Lane:
               runnable: int, t0: float, stats: RunStats) -> None:
         self._waiting_since = None
         self._call_s = 0.0
-        # in sequence order: llama.cpp splits a call over a KV stream per sequence into one ubatch per
-        # run of consecutive sequence ids (stable: a prompt's chunks keep their order)
-        members = sorted((flights[i] for i in group.members), key=lambda f: f.seq)
+        members = in_sequence_order(flights[i] for i in group.members)
         n_layer = self.model.n_layer
         costs = self._merge_costs(members)
         limit = wave_limit(flights, group.members)
@@ -938,6 +937,14 @@ class _Lane:
             if requests[f.index].cancelled and not requests[f.index].finished:
                 requests[f.index].fail("cancelled")
         return self._retire(ctx, requests, flights, free)
+
+
+def in_sequence_order(flights: Iterable[Flight]) -> list[Flight]:
+    """A call's flights by sequence id (stable: a prompt's chunks keep their order). With a KV stream
+    per sequence llama.cpp splits a batch into one ubatch per run of consecutive sequence ids in
+    batch order (llama_batch_allocr::split_equal), and each ubatch computes every layer of the call
+    again: ids 3, 0, 1, 2 make two ubatches where 0, 1, 2, 3 make one."""
+    return sorted(flights, key=lambda f: f.seq)
 
 
 def _sum_dicts(parts: list[dict[str, float | int | None]]) -> dict[str, float | int | None]:
