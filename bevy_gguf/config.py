@@ -23,6 +23,7 @@ LOAD_MODES = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "di
 TWO_PASS = ("auto", "on", "off")
 RUNAHEAD = ("auto", "on", "off")
 PREFILL_FIRST = ("auto", "on", "off")
+RESIDENT_STEPS = ("rare-misses", "all-in")  # bevy: when a step skips the plan (_Lane._whole_step)
 LANE_CLOCKS = ("relative", "own")  # bevy with lanes: the step of their load priorities (_Lane._priority_step)
 # off: in a steady serving stream runahead loaded 1.5x blocking's bytes and auto's epochs, which
 # credit runahead with work the epochs after it pay for, ran it a third of the time (docs/architecture.md)
@@ -168,6 +169,9 @@ class EngineConfig:
     lane_clock: str = "relative"         # bevy with lanes: the step part of a load's priority is a token's progress
                                          # past its own lane's clock (the lanes' lagging tokens tie and go by
                                          # layer); own: the lane's clock, which the other lanes do not share
+    resident_steps: str = "rare-misses"  # bevy: a step runs as one whole call outside the plan where every expert
+                                         # is in (all-in), or also where groups are kept whole and the lane's miss
+                                         # rates expect under one miss over the step (rare-misses)
     wide_prefill: bool = False           # bevy with lanes: a call with a prompt chunk computes on every thread,
                                          # alone at the compute gate (off: on its lane's share of the threads)
     kv_unified: bool = False             # llama.cpp's -kvu: one KV stream every sequence attends over under a
@@ -216,6 +220,8 @@ class EngineConfig:
             raise BevyError(f"unknown eviction policy {self.eviction!r}: choose one of {', '.join(EVICTIONS)}")
         if self.two_pass not in TWO_PASS:
             raise BevyError(f"two_pass {self.two_pass!r}: choose one of {', '.join(TWO_PASS)}")
+        if self.resident_steps not in RESIDENT_STEPS:
+            raise BevyError(f"resident_steps {self.resident_steps!r}: choose one of {', '.join(RESIDENT_STEPS)}")
         if self.lane_clock not in LANE_CLOCKS:
             raise BevyError(f"lane_clock {self.lane_clock!r}: choose one of {', '.join(LANE_CLOCKS)}")
         if not isinstance(self.kv_unified, bool):

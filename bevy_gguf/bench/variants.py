@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bevy_gguf.config import EVICTIONS, LANE_CLOCKS, PREFILL_FIRST, RUNAHEAD, TWO_PASS
+from bevy_gguf.config import EVICTIONS, LANE_CLOCKS, PREFILL_FIRST, RESIDENT_STEPS, RUNAHEAD, TWO_PASS
 from bevy_gguf.errors import BevyError
 
 # option name in a variant -> (spec key, how its value is read)
@@ -28,6 +28,7 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "kv-unified": ("kv_unified", str),  # on: one KV stream (llama.cpp's -kvu); off: one per sequence
     "link-workers": ("link_workers", int),  # upload threads: reads in flight at once
     "lane-clock": ("lane_clock", str),  # relative | own: the step of a lane's load priorities (_Lane._priority_step)
+    "resident-steps": ("resident_steps", str),  # rare-misses | all-in: when a step skips the plan (_Lane._whole_step)
 }
 
 
@@ -72,7 +73,8 @@ def parse_system(name: str, systems: tuple[str, ...], variable: tuple[str, ...])
 
 # options whose value is one of a few words: the words
 CHOICES: dict[str, tuple[str, ...]] = {"two-pass": TWO_PASS, "runahead": RUNAHEAD, "eviction": EVICTIONS,
-                                       "prefill-first": PREFILL_FIRST, "lane-clock": LANE_CLOCKS}
+                                       "prefill-first": PREFILL_FIRST, "lane-clock": LANE_CLOCKS,
+                                       "resident-steps": RESIDENT_STEPS}
 
 
 def _check(name: str, key: str, value: Any) -> None:

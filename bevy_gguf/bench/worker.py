@@ -82,6 +82,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                           kv_unified=spec.get("kv_unified", "off") == "on",
                           wide_prefill=spec.get("wide_prefill", "off") == "on",
                           lane_clock=spec.get("lane_clock", "relative"),
+                          resident_steps=spec.get("resident_steps", "rare-misses"),
                           repack=spec.get("repack", True), device=spec.get("device"),
                           gpu_layers=spec.get("gpu_layers", 0), n_cpu_moe=spec.get("n_cpu_moe", 0))
     result = run_requests(config, make_requests, progress=sample_counters if serve else None,

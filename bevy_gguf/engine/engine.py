@@ -127,7 +127,7 @@ class LLMEngine:
                                          two_pass=two_pass, pass_memo=self._pass_memo, runahead=cfg.runahead,
                                          prefill_wave=cfg.prefill_wave, prefill_first=cfg.prefill_first,
                                          kv_unified=cfg.kv_unified, wide_prefill=cfg.wide_prefill,
-                                         lane_clock=cfg.lane_clock)
+                                         lane_clock=cfg.lane_clock, resident_steps=cfg.resident_steps)
         elif self.scheduler.runner == "contexts":
             runner = ContextRunner(self.model, self.cache, n, cfg.n_threads, flash_attn_type=flash, two_pass=two_pass)
         else:

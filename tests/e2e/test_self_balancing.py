@@ -234,6 +234,24 @@ def test_a_cache_of_every_expert_runs_whole_resident_steps(tmp_path: Path, layer
         assert (s["expert_cache_fill_s"] > 0) == resident and (s["hit_rate"] == 1.0) == resident, cache
 
 
+CACHE_RARE, PARALLEL_RARE = "75%", 2  # two sequences' experts fit: after their prompts, steps rarely miss
+
+
+def test_steps_that_rarely_miss_run_whole_outside_the_plan(tmp_path: Path, layer_range_model: Path) -> None:
+    """With groups kept whole and a cache where a step expects under one miss by the lane's miss
+    rates, steps run as whole calls outside the plan (resident_steps rare-misses), a miss stalling
+    the call as blocking's; with all-in only a cache of every expert does. Both by the margin rule."""
+    ref = stock_alone(layer_range_model, PROMPTS, 24)
+    for mode, whole in (("rare-misses", True), ("all-in", False)):
+        got = probe(layer_range_model, "bevy", CACHE_RARE, PARALLEL_RARE, tmp_path, prompts=PROMPTS, max_tokens=24,
+                    runahead="off", lanes=1, resident_steps=mode)
+        assert all(r["error"] is None for r in got["requests"])
+        assert (got["resident_calls"] > 0) == whole, (mode, got["resident_calls"])
+        compared, mismatches = compare_by_margin_rule(ref, got)
+        assert mismatches == 0 and compared >= len(PROMPTS) * 24 // 2, (mode, compared)
+        assert got["pinned_after"] == 0
+
+
 def test_every_call_runs_its_rows_in_sequence_order(tmp_path: Path, layer_range_model: Path) -> None:
     """Requests that finish at different steps free their sequences out of order, and those that
     join take them; a call's rows still go by sequence id, in whole resident steps (100%) and in

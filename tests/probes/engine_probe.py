@@ -8,6 +8,7 @@ request before that scheduling step, wherever its token stands), "threads": n (d
 (default the engine's), "prefill_wave": n (default the engine's), "layer_range_archs": [...] (stands in
 for the archs patch 0003 covers: a test of what runs where an arch is not among them), "trace": true
 (bevy: at each scheduling step, every request's decoded tokens, which requests prefill there and which decode),
+"resident_steps": "rare-misses|all-in",
 "seq_order": true (count the decode calls whose rows' sequence ids go down somewhere: llama.cpp then splits the
 call into more ubatches, each computing its layers again)}
 """
@@ -47,7 +48,7 @@ def main() -> int:
                           n_threads=spec.get("threads", 2), link=spec.get("link", "file"),
                           eviction=spec.get("eviction", "next-use"), wait_timeout_s=60, seed=spec.get("seed", 0),
                           flash_attn=spec.get("flash_attn", "auto"), runahead=spec.get("runahead", DEFAULT_RUNAHEAD),
-                          lanes=spec.get("lanes", 0),
+                          lanes=spec.get("lanes", 0), resident_steps=spec.get("resident_steps", "rare-misses"),
                           **({"prefill_wave": spec["prefill_wave"]} if "prefill_wave" in spec else {}))
     seq_order = {"calls": 0, "out_of_order": 0}
     if spec.get("seq_order"):
@@ -91,7 +92,7 @@ def main() -> int:
             "counters": engine.counters(), "link": engine.cache.link_name,
             "cancelled_at": cancelled_at, "runahead": getattr(runner, "runahead_stats", None),
             "scheduler": engine.scheduler.name, "scheduler_note": engine.scheduler_note, "trace": trace,
-            "seq_order": seq_order,
+            "seq_order": seq_order, "resident_calls": getattr(runner, "resident_calls", None),
         }))
     return 0
 

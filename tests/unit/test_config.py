@@ -37,6 +37,7 @@ def test_defaults_read_the_machine_not_a_constant() -> None:
     ({"flash_attn": "yes"}, "choose one of auto, off, on"),
     ({"load_mode": "mapped"}, "load_mode 'mapped': choose one of auto, none, mmap"),
     ({"runahead": "always"}, "runahead 'always': choose one of auto, on, off"),
+    ({"resident_steps": "never"}, "resident_steps 'never': choose one of rare-misses, all-in"),
     ({"load_budget": -0.5}, "load_budget must be a number of at least 0"),
     ({"gpu_layers": -1}, "gpu_layers must be an integer of at least 0"),
     ({"n_cpu_moe": True}, "n_cpu_moe must be an integer of at least 0"),

@@ -27,6 +27,7 @@ def test_options_map_to_spec_keys_with_their_types() -> None:
     assert parse("bevy:runahead=on:load-budget=0").options == {"runahead": "on", "load_budget": 0.0}
     assert parse("blocking:link-workers=8").options == {"link_workers": 8}
     assert parse("bevy:lane-clock=own").options == {"lane_clock": "own"}
+    assert parse("bevy:resident-steps=all-in").options == {"resident_steps": "all-in"}
 
 
 @pytest.mark.parametrize(("name", "says"), [
@@ -41,6 +42,7 @@ def test_options_map_to_spec_keys_with_their_types() -> None:
     ("bevy:load-budget=-1", "load-budget must be at least 0"),
     ("blocking:link-workers=0", "link-workers must be at least 1"),
     ("bevy:lane-clock=shared", "lane-clock=shared: choose one of relative, own"),
+    ("bevy:resident-steps=some", "resident-steps=some: choose one of rare-misses, all-in"),
 ])
 def test_bad_variants_are_refused_in_one_line(name: str, says: str) -> None:
     with pytest.raises(BevyError, match=says) as e:

@@ -86,7 +86,8 @@ class SelfBalancingRunner:
                  lane_memo: dict[tuple[int, int], int] | None = None, two_pass: bool = True,
                  pass_memo: dict[tuple[int, int], StepCosts | None] | None = None, runahead: str = DEFAULT_RUNAHEAD,
                  prefill_wave: int = 16, prefill_first: str = "auto", kv_unified: bool = False,
-                 wide_prefill: bool = False, lane_clock: str = "relative") -> None:
+                 wide_prefill: bool = False, lane_clock: str = "relative",
+                 resident_steps: str = "rare-misses") -> None:
         self.model = model
         self.cache = cache
         self.n_parallel = n_parallel
@@ -119,7 +120,7 @@ class SelfBalancingRunner:
         self.load_beside_s = 0.0  # ... and while a call computes (priced nowhere yet: reported)
         self.calls = 0  # layer-range calls of the last serve
         self.two_pass_calls = 0  # ... of them, those that ran two passes
-        self.resident_calls = 0  # ... those of whole steps with every expert resident (_Lane._resident_step)
+        self.resident_calls = 0  # ... those of whole steps outside the plan (_Lane._whole_step)
         self.calibration_error: str | None = None  # ... why a start-up measurement failed (a load), if one did
         self.runahead = runahead  # auto | on | off: see runahead.py
         # prompt chunks that prefill together, layer-major (plan.py): a layer's experts load once for
@@ -132,6 +133,7 @@ class SelfBalancingRunner:
         self.time_split: dict[str, float] = {}  # ... where the lanes' time went (see _Lane.time_split)
         self.permit = PromptPermit()  # which lane's prompt chunks may pin more than its share (the last serve's)
         self.lane_clock = lane_clock  # own | relative: see _Lane._priority_step
+        self.resident_steps = resident_steps  # rare-misses | all-in: see _Lane._whole_step
 
     def lanes_for(self, n_seq: int, asked: int | None = None) -> int:
         """How many lanes: as asked, but at most one per thread and per sequence, while the
@@ -391,7 +393,7 @@ class _Lane:
         self.wide_calls = 0  # calls on every thread (_set_threads)
         self._wide_on = False  # the context's setting now: on every thread (_set_threads)
         self._asked = 1  # the gate weight its hook asks for (_ask_wide)
-        self.resident_calls = 0  # whole-step calls with every expert resident, outside the plan
+        self.resident_calls = 0  # whole-step calls outside the plan (_whole_step)
         self._loop_s = self._calls_s = self._waits_s = 0.0  # where the step loop's time went
         self._wave_end: dict[int, int] = {}  # per request (by index) prefilling: where its current wave ends
         # (request index, request, first position) of the waves a call's end made due: a prompt's next
@@ -480,7 +482,8 @@ class _Lane:
                 continue
             if not self.prefill_done and not any(f.prefill for f in flights):
                 runner._lane_prefilled(self)  # with hold_decode: every lane's prompts are in first
-            if self._all_resident(flights):  # nothing can miss: blocking's step, without the scheduling
+            self._update_miss_rates()  # the last call's lookups
+            if self._whole_step(flights):  # nothing can miss, or under one miss: blocking's step, unscheduled
                 t_pass = time.perf_counter()
                 step += 1
                 self.t_decode0 = t_pass if self.t_decode0 is None else self.t_decode0
@@ -542,13 +545,19 @@ class _Lane:
         return nothing_to_share(tokens, layout.top_k, self._distinct_share,
                                 [self.miss_rate[il] for il in layout.moe_layers])
 
-    def _all_resident(self, flights: list[Flight]) -> bool:
-        """Every expert is in and stays in (a cache that holds them all, every layer's loaded), and
-        every flight starts a generated token that fits the call: the step is one call of every
-        layer in one pass, which no plan can improve on."""
-        return (self._all_in is not None and len(self._all_in) == len(self.cache.layout.moe_layers)
-                and len(flights) <= self.policy.max_tokens
-                and all(f.layer == FIRST and not f.prefill for f in flights))
+    def _whole_step(self, flights: list[Flight]) -> bool:
+        """Whether the step runs as one call of every layer in one pass, outside the plan: every
+        flight starts a generated token that fits the call, and either every expert is in and
+        stays in (a cache that holds them all, every layer's loaded: no plan can improve on it),
+        or (resident_steps rare-misses) groups are kept whole and the lane's miss rates expect
+        under one miss over the step (plan.nothing_to_share). Then the plan would run the same
+        whole step, at the cost of its Python (0.56-0.70 ms a pass, measured on the default model
+        at 90%), and a rare miss stalls the call as it stalls blocking's."""
+        if not (len(flights) <= self.policy.max_tokens and all(f.layer == FIRST and not f.prefill for f in flights)):
+            return False
+        if self._all_in is not None and len(self._all_in) == len(self.cache.layout.moe_layers):
+            return True
+        return self.runner.resident_steps == "rare-misses" and not self.runahead.on and self._nothing_to_share(flights)
 
     def _resident_step(self, ctx: Context, requests: dict[int, Request], flights: list[Flight], t0: float,
                        stats: RunStats) -> None:
@@ -556,7 +565,7 @@ class _Lane:
         what blocking runs, without refreshing loads, the cost model or the pass decisions,
         whose Python is a few percent of a step where nothing misses (measured: bevy 0.94 of
         stock-resident at 100% against blocking's 0.97-0.99)."""
-        if self._two_pass_on:  # nothing loads: a second pass would only add graph nodes
+        if self._two_pass_on:  # nothing (or rarely one expert) loads: a second pass would only add graph nodes
             llama_ext.set_two_pass(ctx.lib, ctx.ptr, False)
             self._two_pass_on = False
         self._waiting_since = None
