@@ -47,3 +47,14 @@ def test_runahead_prompts_and_tokens_mid_step_go_through_the_plan() -> None:
     assert not whole(lane([0.0] * 4), tokens(3) + tokens(1, prefill=True))
     assert not whole(lane([0.0] * 4), tokens(3) + tokens(1, layer=2))
     assert not whole(lane([0.0] * 4, max_tokens=2), tokens(4))  # more tokens than a call may pin
+
+
+def test_a_whole_steps_lookups_reach_the_miss_rates() -> None:
+    """A whole step runs no refresh (which snapshots the cache's per-layer counters): its lookups are
+    noted from the cache itself, so the next pass's miss rates see them."""
+    counts = {0: {"hits": 10, "misses": 2}, 1: {"hits": 7, "misses": 0}}
+    buf = SimpleNamespace(hits=[0, 0, 0], misses=[0, 0, 0])
+    ln = SimpleNamespace(_flights=buf, cache=SimpleNamespace(layout=SimpleNamespace(moe_layers=[0, 1]),
+                                                             native=SimpleNamespace(counters=counts.__getitem__)))
+    _Lane._note_lookups(ln)  # type: ignore[arg-type]
+    assert (buf.hits, buf.misses) == ([10, 7, 0], [2, 0, 0])

@@ -580,6 +580,17 @@ class _Lane:
         self.runahead.record(len(rows) * n_layer, done[0])
         for row, f in enumerate(members):
             self._finish_block(ctx, requests, f, row, t0, stats)
+        if self._all_in is None or len(self._all_in) < len(self.cache.layout.moe_layers):
+            self._note_lookups()
+
+    def _note_lookups(self) -> None:
+        """The cache's hits and misses per MoE layer into the pass buffer, as a refresh leaves them:
+        a whole step runs no refresh, and without this its lookups would never reach the miss rates
+        (_update_miss_rates), so a lane whose steps once rarely missed would keep running them whole."""
+        buf = self._flights
+        for il in self.cache.layout.moe_layers:
+            c = self.cache.native.counters(il)
+            buf.hits[il], buf.misses[il] = c["hits"], c["misses"]
 
     def _decode(self, ctx: Context, requests: dict[int, Request], members: list[Flight],
                 rows: list[tuple[int, int, int, bool]], hidden: list[np.ndarray] | None,
