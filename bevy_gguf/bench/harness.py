@@ -187,6 +187,7 @@ def summarize_row(system: str, cache_pct: float, runs: list[dict[str, Any]], lin
         "cost_model": ok[-1].get("cost_model") or None,  # the last run's fit, per lane
         "lanes": [r.get("lanes") for r in ok] if ok[0].get("lanes") else None,
         "lane_seconds": ok[-1].get("lane_seconds") or None,
+        "lane_layers": ok[-1].get("lane_layers"),
         "layer_calls": _median([r["layer_calls"] for r in ok if r.get("layer_calls") is not None]),
         "two_pass_calls": _median([r["two_pass_calls"] for r in ok if r.get("two_pass_calls") is not None]),
         "two_pass_overhead_s": _median([r["two_pass_overhead_s"] for r in ok

@@ -107,9 +107,9 @@ def markdown(report: dict[str, Any], command: str) -> str:
                   "it computes; the two-pass cost fitted once calls of both kinds were seen, the start-up "
                   "calibration's, with every expert resident, beside it), and the link's time per expert load: as the "
                   "run's loads came, and at start-up with nothing computing and beside a call:", "",
-                  "| cache | " + ("link | " if sweep else "") + "lanes (per run) | 1, 2, ... lanes ms | lane | "
-                  "calls | fixed µs | per layer µs | per token-layer µs | per expert µs | per 1k positions-layer µs | "
-                  "two-pass layer µs, fitted / calibrated | per load beside µs | "
+                  "| cache | " + ("link | " if sweep else "") + "lanes (per run) | 1, 2, ... lanes ms (layers timed) | "
+                  "lane | calls | fixed µs | per layer µs | per token-layer µs | per expert µs | "
+                  "per 1k positions-layer µs | two-pass layer µs, fitted / calibrated | per load beside µs | "
                   "link ms per load: running / alone / beside a call (start-up) |",
                   "|---|" + ("---|" if sweep else "") + "---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in fits:
@@ -117,6 +117,8 @@ def markdown(report: dict[str, Any], command: str) -> str:
             lanes = ", ".join(str(k) for k in r.get("lanes") or []) or "-"
             secs = r.get("lane_seconds") or {}
             timing = " / ".join(f"{1e3 * v:.2f}" for _, v in sorted(secs.items(), key=lambda kv: int(kv[0]))) or "-"
+            if secs and r.get("lane_layers"):
+                timing += f" ({r['lane_layers']} layers)"
             for lane, m in enumerate(r["cost_model"]):
                 lines.append(f"| {r['cache']:.0f}% | {link}{lanes} | {timing} | {lane} | {m['calls']} | "
                              f"{1e6 * m['fixed']:.0f} | "

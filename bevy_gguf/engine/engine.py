@@ -50,7 +50,7 @@ RUNNER_STATS = {"lanes": "lanes_used", "two_pass_overhead_s": "pass_overhead_s",
                 "load_beside_s": "load_beside_s",
                 "two_pass_calls": "two_pass_calls", "layer_calls": "calls", "resident_calls": "resident_calls",
                 "wide_calls": "wide_calls", "permit_prompts": "permit_prompts", "permit_chunk": "permit_chunk",
-                "calibration_error": "calibration_error",
+                "calibration_error": "calibration_error", "lane_layers": "lane_layers",
                 "runahead": "runahead_stats", "lane_time": "time_split"}
 
 

@@ -67,7 +67,8 @@ def test_bound_and_protocol(bench: tuple[dict, Path]) -> None:
         "bevy TTFT p50 / blocking's"}
     for r in doc["runs"]:  # compute used weighs busy time by the share of the threads computing
         if r.get("compute_busy_s") is not None:
-            assert 0 < r["compute_used_s"] <= r["compute_busy_s"] + 1e-6, r["system"]
+            # the gate reads the clock for each apart (tens of ns a call: 1.01 us over one 4 ms run, seen)
+            assert 0 < r["compute_used_s"] <= r["compute_busy_s"] * 1.001 + 1e-5, r["system"]
     for r in doc["ratios"]:
         if r["at_most"]:  # a ceiling on a cost (medians only)
             assert r["target"] > 0 and r["met"] == (r["value"] <= r["target"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import PROMPTS, compare_by_margin_rule, probe, run_json, stock_alone, tiny_spec
+from conftest import PROMPTS, compare_by_margin_rule, probe, run_json, run_probe, stock_alone, tiny_spec
 
 from bevy_gguf.engine.cache_layout import CacheLayout
 from bevy_gguf.gguf_info import inspect_model
@@ -126,9 +126,25 @@ def test_the_lane_count_is_measured_unless_given(qwen3_tiny: Path) -> None:
                     "--expert-cache", "100%")["stats"]
     assert auto["lanes"] in (1, 2) and set(auto["lane_seconds"]) == {"1", "2"}
     assert all(s > 0 for s in auto["lane_seconds"].values())
+    assert auto["lane_layers"] == inspect_model(qwen3_tiny).n_layer  # every expert in: whole steps
     given = run_json("run", qwen3_tiny, "-p", "Hello", "-p", "abc", "-np", "2", "-n", "4", "-t", "2",
                      "--expert-cache", "100%", "--lanes", "2")["stats"]
-    assert given["lanes"] == 2 and given["lane_seconds"] == {}
+    assert given["lanes"] == 2 and given["lane_seconds"] == {} and given["lane_layers"] is None
+
+
+@pytest.mark.parametrize("cache", ["50%", "75%"])
+def test_the_lane_measurement_runs_the_layers_its_tokens_experts_fit(cache: str) -> None:
+    """8 tokens, top 2 of 16 experts: up to 16 a layer, 64 over the 4 layers, which 32 or 48 slots
+    cannot hold, so the worst case allows one layer; the calibration's own tokens route to fewer,
+    and its calls run as many layers as those fit (calibrate.resident_layers: a call through one
+    layer reads few weights, which a large CPU cache keeps hot, and misreads lanes). The timed
+    calls load nothing (what it counted stays in), and a warm cache counts the same."""
+    model = ensure_model(tiny_spec(layers=4, experts=16, top_k=2), progress=False)
+    got = run_probe(model, cache, 8, script="lanes_probe.py")
+    assert got["worst_case"] == 1
+    assert got["worst_case"] < got["resident"] == got["timed_layers"] == got["resident_warm"], got
+    assert got["timing_loads"] == 0 and got["pinned_after"] == 0, got
+    assert set(got["seconds"]) == {"1", "2"}
 
 
 def test_second_passes_run_only_where_they_can_hide_a_load(qwen3_tiny: Path) -> None:

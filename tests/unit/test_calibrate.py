@@ -44,7 +44,7 @@ def test_more_lanes_only_when_clearly_faster(monkeypatch: pytest.MonkeyPatch, on
     monkeypatch.setattr(calibrate, "time_lanes", lambda m, c, p, lanes, n, layers: {1: one, 2: two}[lanes])
     monkeypatch.setattr(calibrate, "LANE_ROUNDS", 1)
     monkeypatch.setattr(calibrate, "LANE_SPAN_S", 0.0)
-    got, seconds = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), [1, 2])
+    got, seconds, _ = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), [1, 2])
     assert got == chosen and seconds == {1: one, 2: two}
 
 
@@ -62,7 +62,7 @@ def test_a_hiccup_over_one_round_of_a_lane_count_is_not_its_speed(monkeypatch: p
     monkeypatch.setattr(calibrate, "LANE_ROUNDS", 2)
     monkeypatch.setattr(calibrate, "LANE_SPAN_S", 0.0)
     monkeypatch.setattr(calibrate, "time_lanes", lambda m, c, p, lanes, n, layers: next(timed[lanes]))
-    got, seconds = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), [1, 2])
+    got, seconds, _ = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), [1, 2])
     assert got == 2 and seconds == {1: 10.0, 2: 8.0}
 
 
@@ -88,7 +88,7 @@ def test_a_slow_spell_over_the_first_rounds_of_every_count_is_outlasted(monkeypa
 
     monkeypatch.setattr(calibrate, "time_lanes", timed)
     monkeypatch.setattr(calibrate.time, "perf_counter", lambda: clock[0])
-    got, seconds = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), [1, 2])
+    got, seconds, _ = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), [1, 2])
     assert got == 2 and seconds == {1: 3.2, 2: 2.5}
     assert calls[:6] == [1, 2, 2, 1, 1, 2]  # rounds alternate which count goes first
     assert len(calls) == 2 * round(calibrate.LANE_SPAN_S / 0.5)  # until the rounds span LANE_SPAN_S
@@ -106,10 +106,10 @@ def test_a_lane_count_between_is_chosen_where_it_is_fastest(monkeypatch: pytest.
     monkeypatch.setattr(calibrate, "LANE_ROUNDS", 1)
     monkeypatch.setattr(calibrate, "LANE_SPAN_S", 0.0)
     monkeypatch.setattr(calibrate, "time_lanes", lambda m, c, p, lanes, n, layers: timed[lanes])
-    got, _ = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), calibrate.lane_candidates(8))
+    got, _, _ = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), calibrate.lane_candidates(8))
     assert got == 4
     timed[4], timed[8] = 6.9, 6.8  # within the margin of 2 lanes' time: fewer lanes
-    got, _ = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), calibrate.lane_candidates(8))
+    got, _, _ = calibrate.choose_lanes(None, cache(512), SimpleNamespace(n_seq_max=8), calibrate.lane_candidates(8))
     assert got == 2
 
 

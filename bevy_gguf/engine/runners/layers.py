@@ -105,6 +105,7 @@ class SelfBalancingRunner:
         self.lanes = lanes  # at most; each gets an equal share of the threads; 0: measured (calibrate.py)
         self.lane_memo = {} if lane_memo is None else lane_memo  # (sequences, threads) -> lanes measured
         self.lane_seconds: dict[int, float] = {}  # what the measurement took per lane count
+        self.lane_layers: int | None = None  # ... and the layers its calls ran (calibrate.resident_layers)
         self.lanes_used: int | None = None  # as the last serve ran
         self.micro_batch: int | None = None  # tokens per call, once the lanes are made
         self.permit_chunk: int | None = None  # ... of a prompt chunk with the prompt permit (_Lane._wave_chunk)
@@ -234,7 +235,7 @@ class SelfBalancingRunner:
             else:
                 try:
                     with self.cache.not_learning():
-                        self.lane_memo[key], self.lane_seconds = choose_lanes(
+                        self.lane_memo[key], self.lane_seconds, self.lane_layers = choose_lanes(
                             self.model, self.cache, dataclasses.replace(params, n_threads=self.n_threads),
                             lane_candidates(most))
                 except BevyError as e:  # a load failed (the link): run one lane, measure again next time
