@@ -199,7 +199,7 @@ def resident_layers(model: Model, cache: ExpertCache, params: ContextParams) -> 
     not. Measured on a 2-core Xeon (480 MiB L3, default model, every expert in): two lanes over one
     lane 0.82-0.89 through 1-2 layers, 0.88-0.91 through 3-4, 0.98-1.03 through 5-8; in the serving
     stream at 50% and 90% (the 1-layer measurement chose two lanes), one lane ran 1.00x two lanes'
-    tok/s with 0.81x and 0.54x their TTFT p50."""
+    tok/s with 0.82x and 0.54x their TTFT p50."""
     layout, n_seq = cache.layout, params.n_seq_max
     base = calibration_layers(cache, n_seq)
     if base in (0, layout.n_layer):
@@ -268,11 +268,24 @@ def choose_lanes(model: Model, cache: ExpertCache, params: ContextParams,
         for k in candidates if rounds % 2 == 0 else candidates[::-1]:  # neither count always first
             seconds[k] = min(seconds.get(k, math.inf), time_lanes(model, cache, params, k, n_seq, layers))
         rounds += 1
+    return pick_lanes(seconds, candidates, layers == cache.layout.n_layer), seconds, layers
+
+
+def pick_lanes(seconds: dict[int, float], candidates: list[int], step_fits: bool) -> int:
+    """The lane count a measurement reads: where a whole step's experts fit the cache (few loads
+    to overlap), the first candidate unless a later one takes at most MARGIN of its time (fewer
+    lanes read fewer bytes and give a prompt every thread); where they do not, the fastest, since
+    loads will come and lanes overlap them with each other's compute, which the measurement (every
+    expert in) cannot see. Measured on a 2-core Xeon, the 6-layer mixtral shape at 50% (four layers
+    timed, two lanes 0.96x one lane's time): two lanes forced ran 1.06x (1.05-1.06) one lane's
+    tok/s; the default model at 90% (every layer timed, 1.02x): 1.00x."""
+    if not step_fits:
+        return min(candidates, key=lambda k: (seconds[k], k))
     best = candidates[0]
     for k in candidates[1:]:
         if seconds[k] <= MARGIN * seconds[best]:
             best = k
-    return best, seconds, layers
+    return best
 
 
 @dataclass(frozen=True, slots=True)

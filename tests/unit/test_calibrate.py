@@ -94,6 +94,27 @@ def test_a_slow_spell_over_the_first_rounds_of_every_count_is_outlasted(monkeypa
     assert len(calls) == 2 * round(calibrate.LANE_SPAN_S / 0.5)  # until the rounds span LANE_SPAN_S
 
 
+def test_where_a_step_does_not_fit_the_fastest_count_wins_without_the_margin() -> None:
+    """Loads will come there, and lanes overlap them: a tie within the margin goes to the fastest."""
+    seconds = {1: 14.19, 2: 13.61}  # measured: the mixtral shape at 50%, 4 of 6 layers timed
+    assert calibrate.pick_lanes(seconds, [1, 2], step_fits=True) == 1
+    assert calibrate.pick_lanes(seconds, [1, 2], step_fits=False) == 2
+    assert calibrate.pick_lanes({1: 19.81, 2: 20.82}, [1, 2], step_fits=False) == 1
+    assert calibrate.pick_lanes({1: 10.0, 2: 7.0, 4: 6.0, 8: 6.5}, [1, 2, 4, 8], step_fits=False) == 4
+
+
+def test_the_layers_timed_decide_whether_a_step_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(calibrate, "LANE_ROUNDS", 1)
+    monkeypatch.setattr(calibrate, "LANE_SPAN_S", 0.0)
+    monkeypatch.setattr(calibrate, "time_lanes", lambda m, c, p, lanes, n, layers: {1: 10.0, 2: 9.7}[lanes])
+    monkeypatch.setattr(calibrate, "resident_layers", lambda m, c, p: 6)  # 6 of 8 layers' experts fit
+    got, _, layers = calibrate.choose_lanes(None, cache(511), SimpleNamespace(n_seq_max=8), [1, 2])
+    assert (got, layers) == (2, 6)
+    monkeypatch.setattr(calibrate, "resident_layers", lambda m, c, p: 8)
+    got, _, layers = calibrate.choose_lanes(None, cache(511), SimpleNamespace(n_seq_max=8), [1, 2])
+    assert (got, layers) == (1, 8)
+
+
 def test_lane_counts_timed_double_from_one_up_to_the_most() -> None:
     assert calibrate.lane_candidates(1) == [1]
     assert calibrate.lane_candidates(2) == [1, 2]
