@@ -173,24 +173,23 @@ def calibration_layers(cache: ExpertCache, n_seq: int) -> int:
     the prompt permit, layers.PromptPermit; the calibration, which times calls with every expert
     in, cannot see either)."""
     layout = cache.layout
-    per_layer = min(layout.n_expert, n_seq * layout.top_k)
+    per_layer = layout.min_slots(n_seq)
     if all(len(c.layers) * per_layer <= n for c, n in zip(layout.classes, cache.class_slots)):
         return layout.n_layer
     first = layout.moe_layers[0]
     return first + 1 if 2 * per_layer <= cache.class_slots[layout.layer_class[first]] else 0
 
 
-def room_for_layer(used: int, worst: int, slots: int) -> bool:
-    """Whether a layer's experts can load beside `used` slots of its class without evicting any:
-    its worst case (n_seq tokens, each top_k distinct experts, at most n_expert) fits what is left."""
-    return used + worst <= slots
+def _batch_params(params: ContextParams, n_seq: int) -> ContextParams:
+    """One context for n_seq tokens, each alone at position 0 of its own sequence, in one call."""
+    return dataclasses.replace(params, n_ctx=max(64, 2 * n_seq), n_batch=n_seq, n_ubatch=n_seq)
 
 
 def resident_layers(model: Model, cache: ExpertCache, params: ContextParams) -> int:
     """Layers the lane measurement times: calibration_layers' worst case, or more where the
     calibration's own tokens route to fewer experts than that: they run layer by layer through
     one context on every thread, each layer's experts loading while the slots its class has left
-    hold that layer's worst case (room_for_layer: nothing the earlier layers loaded is evicted),
+    hold that layer's worst case (so nothing the earlier layers loaded is evicted),
     and the count holds if those layers then run again loading nothing (else the worst case).
 
     Why the length matters: a call through one layer reads the same few tens of MB of experts
@@ -204,11 +203,11 @@ def resident_layers(model: Model, cache: ExpertCache, params: ContextParams) -> 
     base = calibration_layers(cache, n_seq)
     if base in (0, layout.n_layer):
         return base
-    worst = min(layout.n_expert, n_seq * layout.top_k)
+    worst = layout.min_slots(n_seq)  # n_seq tokens' experts at a layer, at most
     used = [0] * len(cache.class_slots)
     tokens = _tokens(model, n_seq)
     rows = [(tok, 0, seq, True) for seq, tok in enumerate(tokens)]
-    cp = dataclasses.replace(params, n_ctx=max(64, 2 * n_seq), n_batch=n_seq, n_ubatch=n_seq)
+    cp = _batch_params(params, n_seq)
     with Context(model, cp) as ctx:
         cache.attach(ctx, two_pass=False)
         cache.set_concurrency(1)
@@ -217,7 +216,7 @@ def resident_layers(model: Model, cache: ExpertCache, params: ContextParams) -> 
             fit = 0
             for il in range(layout.n_layer):
                 c = layout.layer_class[il]
-                if c != DENSE and not room_for_layer(used[c], worst, cache.class_slots[c]):
+                if c != DENSE and used[c] + worst > cache.class_slots[c]:
                     break
                 hidden = [ctx.hidden(len(rows))]
                 cache.begin(ctx, 0)
@@ -316,7 +315,7 @@ def time_step_costs(model: Model, cache: ExpertCache, params: ContextParams) -> 
     if not layers:
         return None
     tokens = _tokens(model, n_seq)
-    cp = dataclasses.replace(params, n_ctx=max(64, 2 * n_seq), n_batch=n_seq, n_ubatch=n_seq)
+    cp = _batch_params(params, n_seq)
     times: dict[str, list[float]] = {"one": [], "two": [], "loading": []}
     moved: list[float] = []  # expert loads per second of the "loading" runs
     alone: list[float] = []  # ... of the link streaming with nothing computing

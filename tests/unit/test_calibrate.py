@@ -17,7 +17,8 @@ def cache(n_slots: int, n_layer: int = 8, n_expert: int = 64, top_k: int = 8,
     layer_class = [next((c for c, layers in enumerate(classes) if il in layers), -1) for il in range(n_layer)]
     layout = SimpleNamespace(n_layer=n_layer, n_expert=n_expert, top_k=top_k, layer_class=layer_class,
                              classes=[SimpleNamespace(layers=layers) for layers in classes],
-                             moe_layers=tuple(il for il, c in enumerate(layer_class) if c >= 0))
+                             moe_layers=tuple(il for il, c in enumerate(layer_class) if c >= 0),
+                             min_slots=lambda tokens: min(n_expert, top_k * tokens))  # CacheLayout.min_slots
     return SimpleNamespace(n_slots=n_slots, class_slots=class_slots or (n_slots,), layout=layout)
 
 
