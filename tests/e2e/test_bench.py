@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli, tiny_spec
 
+from bevy_gguf.bench.harness import BOUND_PASSED
 from bevy_gguf.bench.memcap import MemoryCap
 from bevy_gguf.bench.report import markdown
 from bevy_gguf.bench.targets import measured_ratios, verdict
@@ -257,6 +258,11 @@ def test_every_ratio_gets_its_design_target_and_the_spread_of_its_repeats() -> N
     assert "| bevy / prefetch | 90% | 1.20 | 1.16–1.24 | ≥ 1.3 | missed |" in md
     assert "| bevy / online bound | 90% | 1.50 | 1.45–1.55 | - |  |" in md
     assert "| 90% | 400.0 | 0 | - | - | - | 200.0 |" in md  # no replayed misses recorded: a dash
+    assert "faster than the bound" not in md
+    for b in report["bound"]:  # noted at two points: printed once
+        b["note"] = BOUND_PASSED
+    md = markdown(report | {"protocol": {**_PROTOCOL, "repeats": 3}}, "bevy-gguf bench m.gguf")
+    assert md.count("Where a row reads above 100% of its bound") == 1
 
 
 def test_the_serve_workload_is_measured_in_its_steady_window(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bevy_gguf.bench.harness import _bound_tok_per_s
+from bevy_gguf.bench.harness import BOUND_PASSED, _bound_tok_per_s, note_bounds_passed
 
 
 def test_the_bound_is_set_by_the_slower_of_compute_and_link() -> None:
@@ -18,6 +18,21 @@ def test_no_compute_time_means_no_bound() -> None:
     # a sweep without stock-resident and without a 100% point: the link time alone is no bound
     assert _bound_tok_per_s(512, None, 0.1) is None
 
+
+
+def test_a_bound_that_a_row_ran_faster_than_is_noted_at_its_point_only() -> None:
+    # a link sweep without a 100% point: stock-resident's compute side, slower than bevy's lanes
+    bound = [{"cache": 50.0, "link_point": link} for link in ("slow", "fast")]
+    rows = [{"system": "stock-resident", "cache": 100.0, "link_point": None, "pct_of_bound": None},
+            {"system": "bevy", "cache": 50.0, "link_point": "slow", "pct_of_bound": 0.63},
+            {"system": "blocking", "cache": 50.0, "link_point": "slow", "pct_of_bound": 0.5},
+            {"system": "bevy", "cache": 50.0, "link_point": "fast", "pct_of_bound": 1.07},
+            {"system": "blocking", "cache": 50.0, "link_point": "fast", "pct_of_bound": 0.9}]
+    note_bounds_passed(rows, bound)
+    assert "note" not in bound[0] and bound[1]["note"] == BOUND_PASSED
+    bound = [{"cache": 50.0, "link_point": "fast"}]
+    note_bounds_passed([r | {"pct_of_bound": 1.0} for r in rows[3:]], bound)  # at the bound: no note
+    assert "note" not in bound[0]
 
 
 def test_each_repeat_runs_the_systems_in_an_order_rotated_by_one() -> None:
