@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bevy_gguf.bench.harness import BOUND_PASSED, _bound_tok_per_s, note_bounds_passed
+from bevy_gguf.bench.harness import BOUND_PASSED, _bound_tok_per_s, rate_against_bounds
 
 
 def test_the_bound_is_set_by_the_slower_of_compute_and_link() -> None:
@@ -22,16 +22,17 @@ def test_no_compute_time_means_no_bound() -> None:
 
 def test_a_bound_that_a_row_ran_faster_than_is_noted_at_its_point_only() -> None:
     # a link sweep without a 100% point: stock-resident's compute side, slower than bevy's lanes
-    bound = [{"cache": 50.0, "link_point": link} for link in ("slow", "fast")]
-    rows = [{"system": "stock-resident", "cache": 100.0, "link_point": None, "pct_of_bound": None},
-            {"system": "bevy", "cache": 50.0, "link_point": "slow", "pct_of_bound": 0.63},
-            {"system": "blocking", "cache": 50.0, "link_point": "slow", "pct_of_bound": 0.5},
-            {"system": "bevy", "cache": 50.0, "link_point": "fast", "pct_of_bound": 1.07},
-            {"system": "blocking", "cache": 50.0, "link_point": "fast", "pct_of_bound": 0.9}]
-    note_bounds_passed(rows, bound)
+    bound = [{"cache": 50.0, "link_point": link, "tok_per_s": 100.0} for link in ("slow", "fast")]
+    rows = [{"system": "stock-resident", "cache": 100.0, "link_point": None, "tok_per_s": 100.0},
+            {"system": "bevy", "cache": 50.0, "link_point": "slow", "tok_per_s": 63.0},
+            {"system": "blocking", "cache": 50.0, "link_point": "slow", "tok_per_s": 50.0},
+            {"system": "bevy", "cache": 50.0, "link_point": "fast", "tok_per_s": 107.0},
+            {"system": "blocking", "cache": 50.0, "link_point": "fast", "tok_per_s": 90.0}]
+    rate_against_bounds(rows, bound)
+    assert [r["pct_of_bound"] for r in rows] == [None, 0.63, 0.5, 1.07, 0.9]
     assert "note" not in bound[0] and bound[1]["note"] == BOUND_PASSED
-    bound = [{"cache": 50.0, "link_point": "fast"}]
-    note_bounds_passed([r | {"pct_of_bound": 1.0} for r in rows[3:]], bound)  # at the bound: no note
+    bound = [{"cache": 50.0, "link_point": "fast", "tok_per_s": 107.0}]
+    rate_against_bounds(rows[3:], bound)  # at the bound: no note
     assert "note" not in bound[0]
 
 
